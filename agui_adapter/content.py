@@ -1,0 +1,266 @@
+"""The latest AG-UI user message, turned into the A2A parts the iac-code kernel accepts.
+
+Why this module exists: upstream builds the parts inside the stream, so a bad image costs
+the client a consumed run id and a rotated execution (upstream spec §2.3, §8.15). Here the
+content is checked and converted *before* the stream starts, as a pure function, so every
+content error is a plain 400 ``INVALID_INPUT`` with a specific message.
+
+Rules (the contract's "user content" section): string content or a list of ``text`` parts
+and inline ``image`` parts (``source.type == "data"``, base64). Images must be PNG, JPEG,
+GIF or WebP, strictly base64, at most 8 MiB each and 10 MiB in total (decoded), and their
+bytes must really be of the declared type. Images above the kernel's 5 MiB limit are shrunk
+with Pillow (the optional ``images`` extra) like upstream does; without Pillow they are
+refused with a message that says how to fix it. Smaller images pass through untouched.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import unicodedata
+from typing import Any
+
+from agui_adapter import messages
+from agui_adapter.errors import AguiError
+
+__all__ = [
+    "KERNEL_MAX_IMAGE_BYTES",
+    "MAX_IMAGE_BYTES",
+    "MAX_TOTAL_IMAGE_BYTES",
+    "build_user_parts",
+    "image_resizing_available",
+    "latest_user_message",
+]
+
+MiB = 1024 * 1024
+MAX_IMAGE_BYTES = 8 * MiB
+MAX_TOTAL_IMAGE_BYTES = 10 * MiB
+KERNEL_MAX_IMAGE_BYTES = 5 * MiB
+
+SUPPORTED_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+UNSUPPORTED_PART_TYPES = frozenset({"audio", "video", "document", "binary"})
+
+_MAX_SIDE = 2000
+_LAST_RESORT_SIDE = 1000
+_JPEG_QUALITIES = (80, 60, 40, 20)
+_MAX_SHOWN_MIME = 64
+# A decoding guard below Pillow's own bomb warning (89 Mpx): 64 Mpx of RGBA is 256 MiB.
+_MAX_PIXELS = 64_000_000
+
+_WINDOWS_RESERVED = frozenset(
+    {"CON", "PRN", "AUX", "NUL"}
+    | {f"COM{i}" for i in range(1, 10)}
+    | {f"LPT{i}" for i in range(1, 10)}
+)
+_FORBIDDEN_FILENAME_CHARS = frozenset('/\\<>:"|?*')
+
+
+def _invalid(template: str, **params: Any) -> AguiError:
+    return AguiError("INVALID_INPUT", template, params)
+
+
+def latest_user_message(messages_: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last message whose role is ``user``, or None."""
+    for message in reversed(messages_):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message
+    return None
+
+
+def image_resizing_available() -> bool:
+    """Whether Pillow (the ``images`` extra) can be imported."""
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_user_parts(messages_: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Convert the latest user message into A2A parts.
+
+    Returns ``(message id or None, parts)``. Raises ``AguiError("INVALID_INPUT", …)`` with the
+    specific content message on the first problem, in part order.
+    """
+    message = latest_user_message(messages_)
+    if message is None:
+        raise _invalid(messages.USER_MESSAGE_REQUIRED)
+    message_id = message.get("id")
+    message_id = message_id if isinstance(message_id, str) else None
+    content = message.get("content")
+    if isinstance(content, str):
+        return message_id, [{"text": content}]
+    if not isinstance(content, list) or not content:
+        # An empty list would give the kernel zero parts, which it cannot use.
+        raise _invalid(messages.CONTENT_INVALID)
+
+    parts: list[dict[str, Any]] = []
+    total_image_bytes = 0
+    for part in content:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _invalid(messages.CONTENT_INVALID)
+        kind = part["type"]
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _invalid(messages.CONTENT_INVALID)
+            parts.append({"text": text})
+        elif kind == "image":
+            data, media_type, raw_b64 = _image(part, total_image_bytes)
+            total_image_bytes += len(data)
+            if len(data) > KERNEL_MAX_IMAGE_BYTES:
+                if not image_resizing_available():
+                    raise _invalid(messages.IMAGE_NEEDS_RESIZE, limit=KERNEL_MAX_IMAGE_BYTES // MiB)
+                data, media_type = _shrink(data, media_type)
+                raw_b64 = base64.b64encode(data).decode("ascii")
+            parts.append(
+                {
+                    "data": {"filename": _filename(part, len(parts) + 1), "bytes": raw_b64},
+                    "mediaType": media_type,
+                }
+            )
+        elif kind in UNSUPPORTED_PART_TYPES:
+            raise _invalid(messages.PART_TYPE_UNSUPPORTED, part=kind)
+        else:
+            raise _invalid(messages.CONTENT_INVALID)
+    return message_id, parts
+
+
+# --- images -------------------------------------------------------------------------
+
+
+def _shown_mime(value: str) -> str:
+    cleaned = "".join(ch for ch in value if unicodedata.category(ch)[0] != "C")
+    return cleaned if len(cleaned) <= _MAX_SHOWN_MIME else cleaned[:_MAX_SHOWN_MIME] + "…"
+
+
+def _image(part: dict[str, Any], total_so_far: int) -> tuple[bytes, str, str]:
+    """Check one inline image part; return (decoded bytes, media type, base64 text)."""
+    source = part.get("source")
+    if not isinstance(source, dict):
+        raise _invalid(messages.CONTENT_INVALID)
+    if source.get("type") == "url":
+        raise _invalid(messages.REMOTE_MEDIA_UNSUPPORTED)
+    if source.get("type") != "data":
+        raise _invalid(messages.CONTENT_INVALID)
+    mime, value = source.get("mimeType"), source.get("value")
+    if not isinstance(mime, str) or not isinstance(value, str):
+        raise _invalid(messages.CONTENT_INVALID)
+    mime = mime.lower()
+    if mime not in SUPPORTED_IMAGE_TYPES:
+        raise _invalid(messages.IMAGE_TYPE_UNSUPPORTED, mimeType=_shown_mime(mime))
+    data = _strict_b64decode(value)
+    if len(data) > MAX_IMAGE_BYTES:
+        raise _invalid(messages.IMAGE_TOO_LARGE, limit=MAX_IMAGE_BYTES // MiB)
+    if total_so_far + len(data) > MAX_TOTAL_IMAGE_BYTES:
+        raise _invalid(messages.IMAGES_TOO_LARGE, limit=MAX_TOTAL_IMAGE_BYTES // MiB)
+    actual = sniff_image_type(data)
+    if actual is None:
+        raise _invalid(messages.IMAGE_INVALID)
+    if actual != mime:
+        raise _invalid(messages.IMAGE_TYPE_MISMATCH, mimeType=mime)
+    return data, mime, value
+
+
+def _strict_b64decode(value: str) -> bytes:
+    """Standard base64, ASCII, no whitespace, correct padding (so data: URLs fail)."""
+    if not value.isascii() or len(value) % 4 != 0:
+        raise _invalid(messages.IMAGE_NOT_BASE64)
+    try:  # validate=True rejects anything outside the alphabet, whitespace included
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(messages.IMAGE_NOT_BASE64) from None
+
+
+def sniff_image_type(data: bytes) -> str | None:
+    """The image media type told by the magic bytes, or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def _shrink(data: bytes, media_type: str) -> tuple[bytes, str]:
+    """Shrink an image below the kernel limit like upstream: fit 2000x2000 (LANCZOS), a PNG
+    retried as PNG, then JPEG at quality 80/60/40/20, then 1000 px at q=20."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            width, height = opened.size
+            if width * height > _MAX_PIXELS:
+                raise ValueError("too many pixels to decode safely")
+            if opened.format == "JPEG":
+                opened.draft("RGB", (_MAX_SIDE, _MAX_SIDE))  # decode at a reduced scale
+            opened.load()  # strict: truncated images raise (LOAD_TRUNCATED_IMAGES is off)
+            image = opened.copy()
+        image.thumbnail((_MAX_SIDE, _MAX_SIDE), Image.Resampling.LANCZOS)
+        if media_type == "image/png":
+            encoded = _encode(image, "PNG", optimize=True)
+            if len(encoded) <= KERNEL_MAX_IMAGE_BYTES:
+                return encoded, "image/png"
+        rgb = _to_rgb(image)
+        for quality in _JPEG_QUALITIES:
+            encoded = _encode(rgb, "JPEG", quality=quality, optimize=True)
+            if len(encoded) <= KERNEL_MAX_IMAGE_BYTES:
+                return encoded, "image/jpeg"
+        rgb.thumbnail((_LAST_RESORT_SIDE, _LAST_RESORT_SIDE), Image.Resampling.LANCZOS)
+        encoded = _encode(rgb, "JPEG", quality=_JPEG_QUALITIES[-1], optimize=True)
+    # Pillow's decoders raise many kinds on hostile input (OSError, SyntaxError,
+    # DecompressionBombError, struct.error, ...): all of them mean "not a usable image".
+    except Exception:  # noqa: BLE001
+        raise _invalid(messages.IMAGE_INVALID) from None
+    if len(encoded) > KERNEL_MAX_IMAGE_BYTES:
+        raise _invalid(messages.IMAGE_INVALID)
+    return encoded, "image/jpeg"
+
+
+def _to_rgb(image: Any) -> Any:
+    """JPEG has no alpha: flatten transparency onto white."""
+    from PIL import Image
+
+    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        flat = Image.new("RGB", rgba.size, (255, 255, 255))
+        flat.paste(rgba, mask=rgba.getchannel("A"))
+        return flat
+    return image.convert("RGB")
+
+
+def _encode(image: Any, fmt: str, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+# --- filenames ------------------------------------------------------------------------
+
+
+def _filename(part: dict[str, Any], index: int) -> str:
+    metadata = part.get("metadata")
+    name = metadata.get("filename") if isinstance(metadata, dict) else None
+    if isinstance(name, str) and is_safe_filename(name):
+        return name
+    return f"agui-image-{index}"
+
+
+def is_safe_filename(name: str) -> bool:
+    """A plain file name, safe on POSIX and Windows alike."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    if not name or size > 255 or name in (".", ".."):
+        return False
+    if name[-1] in ". ":
+        return False
+    if any(ch in _FORBIDDEN_FILENAME_CHARS or unicodedata.category(ch) == "Cc" for ch in name):
+        return False
+    stem = name.split(".", 1)[0].rstrip(" ").upper()
+    return stem not in _WINDOWS_RESERVED

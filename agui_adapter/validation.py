@@ -1,0 +1,378 @@
+"""Validation of the AG-UI ``RunAgentInput`` envelope and its ``forwardedProps.iacCode`` extension.
+
+Why this module exists: the request body is the adapter's only untrusted input, and the
+contract wants a precise, localizable 400 *before* any state is touched. Upstream collapses
+every extension error into one generic message and lets empty ids through (§2.1/§8 of the
+upstream spec); here the two JSON Schemas shipped in ``agui_adapter/schemas`` are the single
+source of truth, and the first schema violation is mapped to a message template of
+``messages`` that names the offending field (``forwardedProps.iacCode.thinking.budget``,
+``messages[2].role``) without ever echoing its value, because a value can be a secret.
+
+It also owns the notion of *secret fields* of a request: the redacted view used for logs and
+for the idempotency digest, so that a retry with a refreshed STS token or API key is the same
+request and no secret is ever hashed into anything that is stored.
+
+Sans-I/O: pure functions over parsed JSON; the schemas are package data read once.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError, validators
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+from agui_adapter import messages
+from agui_adapter.errors import AguiError
+
+__all__ = [
+    "SECRET_PATHS",
+    "IacCodeProps",
+    "ResumeEntry",
+    "RunInput",
+    "format_field",
+    "preferred_language_hint",
+    "redact_secrets",
+    "request_digest",
+    "validate_run_input",
+]
+
+_ENVELOPE_SCHEMA = "run_agent_input.json"
+_IAC_CODE_SCHEMA = "iac_code_props.json"
+
+#: Paths (inside the request body) of the values that are secrets. ``llmHeaders`` is a map
+#: whose header *values* are secret (they typically carry credentials); its names are not.
+SECRET_PATHS: tuple[tuple[str, ...], ...] = (
+    ("forwardedProps", "iacCode", "llmApiKey"),
+    ("forwardedProps", "iacCode", "alibabaCloud", "accessKeySecret"),
+    ("forwardedProps", "iacCode", "alibabaCloud", "securityToken"),
+    ("forwardedProps", "iacCode", "llmHeaders"),
+)
+_MAP_OF_SECRETS: frozenset[tuple[str, ...]] = frozenset({("forwardedProps", "iacCode", "llmHeaders")})
+
+#: What a secret value is replaced with in the redacted view. A placeholder (rather than
+#: deleting the key) keeps "a key was given" distinguishable from "no key was given".
+REDACTED = "[redacted]"
+
+
+# --- results ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IacCodeProps:
+    """The validated ``forwardedProps.iacCode`` extension (null optionals become ``None``)."""
+
+    schema_version: int
+    ros_invocation_id: str
+    cwd: str
+    model: str | None = None
+    llm_api_key: str | None = field(default=None, repr=False)
+    llm_headers: dict[str, str] | None = field(default=None, repr=False)
+    #: ``{"enabled"?: bool, "effort"?: str, "budget"?: int}``; null members are dropped.
+    thinking: dict[str, Any] | None = None
+    user_id: str | None = None
+    channel: str | None = None
+    preferred_language: str | None = None
+    candidate_presentation: str | None = None
+    run_mode: str | None = None
+    pipeline_name: str | None = None
+    cleanup_only: bool = False
+    active_guidance: bool = False
+    #: Keys among accessKeyId, accessKeySecret, securityToken, regionId; null members dropped.
+    alibaba_cloud: dict[str, str] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class ResumeEntry:
+    """One answer of a resume request. ``has_payload`` tells an explicit ``payload`` key
+    (even ``null``) from an absent one."""
+
+    interrupt_id: str
+    status: str
+    payload: Any = None
+    has_payload: bool = False
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """A schema-valid ``RunAgentInput``."""
+
+    thread_id: str
+    run_id: str
+    parent_run_id: str | None
+    messages: list[dict[str, Any]]
+    tools: list[Any]
+    props: IacCodeProps
+    #: ``None`` for a new run; a list (possibly empty) for a resume request.
+    resume: list[ResumeEntry] | None
+    #: The parsed body, untouched (it holds secrets, hence not in the repr).
+    raw: dict[str, Any] = field(repr=False)
+
+
+# --- schema loading -----------------------------------------------------------------
+
+
+def _is_strict_integer(_checker: object, instance: object) -> bool:
+    # JSON Schema counts 1.0 as an integer; the contract does not (no coercion).
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_StrictValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer),
+)
+
+
+def _load_schema(name: str) -> dict[str, Any]:
+    text = resources.files("agui_adapter").joinpath("schemas", name).read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@cache
+def _validator() -> Any:
+    """The compiled envelope validator (built once, on first use)."""
+    envelope = _load_schema(_ENVELOPE_SCHEMA)
+    iac_code = _load_schema(_IAC_CODE_SCHEMA)
+    # jsonschema picks the validator class of a referenced resource from its "$schema",
+    # which would drop the strict integer check; the dialect is pinned here instead.
+    iac_code.pop("$schema", None)
+    registry: Registry[Any] = Registry().with_resource(iac_code["$id"], DRAFT202012.create_resource(iac_code))
+    return _StrictValidator(envelope, registry=registry)
+
+
+# --- error mapping --------------------------------------------------------------------
+
+_IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
+_MAX_KEY_SHOWN = 64
+
+# Among errors on the same instance, the most fundamental one wins.
+_VALIDATOR_RANK = {
+    name: rank
+    for rank, name in enumerate(
+        ("type", "required", "additionalProperties", "const", "enum", "minLength",
+         "maxLength", "minimum")
+    )
+}
+
+_TYPE_MESSAGES = {
+    "string": messages.FIELD_STRING,
+    "object": messages.FIELD_OBJECT,
+    "array": messages.FIELD_ARRAY,
+    "boolean": messages.FIELD_BOOLEAN,
+    "integer": messages.FIELD_INTEGER,
+}
+
+
+def _format_key(key: str) -> str:
+    if _IDENTIFIER.fullmatch(key):
+        return key
+    shown = key if len(key) <= _MAX_KEY_SHOWN else key[:_MAX_KEY_SHOWN] + "…"
+    return json.dumps(shown)
+
+
+def format_field(path: tuple[str | int, ...] | list[str | int]) -> str:
+    """``("messages", 2, "role")`` → ``messages[2].role``; odd keys are JSON-quoted."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            key = _format_key(part)
+            if key.startswith('"'):
+                out += f"[{key}]"
+            else:
+                out += f".{key}" if out else key
+    return out or "RunAgentInput"
+
+
+def _path_key(error: ValidationError) -> tuple[tuple[int, int | str], ...]:
+    return tuple((0, p) if isinstance(p, int) else (1, str(p)) for p in error.absolute_path)
+
+
+def _sort_key(error: ValidationError) -> tuple[Any, ...]:
+    validator = str(error.validator)
+    return (_path_key(error), _VALIDATOR_RANK.get(validator, len(_VALIDATOR_RANK)), validator)
+
+
+def _allowed(values: list[Any]) -> str:
+    return ", ".join(str(v) for v in values if v is not None)
+
+
+def _error_for(error: ValidationError) -> AguiError:
+    """Translate one jsonschema error into a field-naming ``INVALID_INPUT``."""
+    path = list(error.absolute_path)
+    validator = str(error.validator)
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    instance = error.instance
+
+    def fail(template: str, **params: Any) -> AguiError:
+        return AguiError("INVALID_INPUT", template, {"field": format_field(path), **params})
+
+    if "propertyNames" in error.schema_path:  # a bad key (e.g. an llmHeaders name)
+        return fail(messages.FIELD_INVALID)
+    if validator == "required" and isinstance(instance, dict):
+        missing = [name for name in error.validator_value if name not in instance]
+        path.append(missing[0] if missing else "")
+        return fail(messages.FIELD_REQUIRED)
+    if validator == "additionalProperties" and isinstance(instance, dict):
+        known = schema.get("properties", {})
+        unknown = sorted(str(k) for k in instance if k not in known)
+        path.append(unknown[0] if unknown else "")
+        return fail(messages.FIELD_UNKNOWN)
+    # A field fixed to one value or a few reports that, whatever keyword failed.
+    if "const" in schema:
+        return fail(messages.FIELD_CONST, value=json.dumps(schema["const"]))
+    if "enum" in schema:
+        return fail(messages.FIELD_ENUM, allowed=_allowed(schema["enum"]))
+    if validator == "type":
+        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        for name in types:
+            if name in _TYPE_MESSAGES:
+                return fail(_TYPE_MESSAGES[name])
+        return fail(messages.FIELD_INVALID)
+    if validator == "minLength":
+        if error.validator_value == 1:
+            return fail(messages.FIELD_NOT_EMPTY)
+        return fail(messages.FIELD_INVALID)
+    if validator == "maxLength":
+        return fail(messages.FIELD_TOO_LONG, limit=error.validator_value)
+    if validator == "minimum":
+        return fail(messages.FIELD_MINIMUM, limit=error.validator_value)
+    return fail(messages.FIELD_INVALID)
+
+
+# --- public API -------------------------------------------------------------------------
+
+
+def _optional_str(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _without_nulls(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _props(data: dict[str, Any]) -> IacCodeProps:
+    headers = data.get("llmHeaders")
+    return IacCodeProps(
+        schema_version=data["schemaVersion"],
+        ros_invocation_id=data["rosInvocationId"],
+        cwd=data["cwd"],
+        model=_optional_str(data, "model"),
+        llm_api_key=_optional_str(data, "llmApiKey"),
+        llm_headers=dict(headers) if isinstance(headers, dict) else None,
+        thinking=_without_nulls(data.get("thinking")),
+        user_id=_optional_str(data, "userId"),
+        channel=_optional_str(data, "channel"),
+        preferred_language=_optional_str(data, "preferredLanguage"),
+        candidate_presentation=_optional_str(data, "candidatePresentation"),
+        run_mode=_optional_str(data, "runMode"),
+        pipeline_name=_optional_str(data, "pipelineName"),
+        cleanup_only=data.get("cleanupOnly", False),
+        active_guidance=data.get("activeGuidance", False),
+        alibaba_cloud=_without_nulls(data.get("alibabaCloud")),
+    )
+
+
+def _resume(value: Any) -> list[ResumeEntry] | None:
+    if value is None:
+        return None
+    return [
+        ResumeEntry(
+            interrupt_id=entry["interruptId"],
+            status=entry["status"],
+            payload=entry.get("payload"),
+            has_payload="payload" in entry,
+        )
+        for entry in value
+    ]
+
+
+def validate_run_input(payload: object) -> RunInput:
+    """Check a parsed request body against the contract and return its typed view.
+
+    Raises ``AguiError("INVALID_INPUT", …)`` naming the first offending field (errors are
+    ordered by path, then by how fundamental the failed keyword is, so the answer is
+    deterministic). A non-empty ``tools`` is refused after the schema passes.
+    """
+    if not isinstance(payload, dict):
+        raise AguiError("INVALID_INPUT", messages.NOT_AN_OBJECT)
+    errors = sorted(_validator().iter_errors(payload), key=_sort_key)
+    if errors:
+        raise _error_for(errors[0])
+    tools = payload.get("tools", [])
+    if tools:
+        raise AguiError("INVALID_INPUT", messages.TOOLS_NOT_SUPPORTED)
+    parent = payload.get("parentRunId")
+    return RunInput(
+        thread_id=payload["threadId"],
+        run_id=payload["runId"],
+        parent_run_id=parent if isinstance(parent, str) else None,
+        messages=payload["messages"],
+        tools=list(tools),
+        props=_props(payload["forwardedProps"]["iacCode"]),
+        resume=_resume(payload.get("resume")),
+        raw=payload,
+    )
+
+
+def preferred_language_hint(payload: object) -> object:
+    """``forwardedProps.iacCode.preferredLanguage`` if reachable through objects, else None.
+
+    Read before validation so that even an envelope error can be localized; the value is
+    unvalidated (the caller normalizes it).
+    """
+    node: object = payload
+    for key in ("forwardedProps", "iacCode", "preferredLanguage"):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def redact_secrets(payload: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``payload`` whose secret values are replaced by a placeholder.
+
+    Header names of ``llmHeaders`` are kept, their values are not. Works on invalid bodies
+    too (for logging): anything not reachable through objects is left alone.
+    """
+    redacted = copy.deepcopy(payload)
+    for path in SECRET_PATHS:
+        node: Any = redacted
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or path[-1] not in node:
+            continue
+        value = node[path[-1]]
+        if value is None:
+            continue
+        if path in _MAP_OF_SECRETS and isinstance(value, dict):
+            node[path[-1]] = {name: REDACTED for name in value}
+        else:
+            node[path[-1]] = REDACTED
+    return redacted
+
+
+def request_digest(payload: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of the redacted body.
+
+    Same ``json.dumps`` options as upstream, but over :func:`redact_secrets`, so a retry
+    that only refreshes an STS token or API key is the *same* request, and no secret is
+    hashed into stored state. Lone surrogates (legal in parsed JSON) are kept as is.
+    """
+    canonical = json.dumps(
+        redact_secrets(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,0 +1,115 @@
+"""The iac-code workspace (``forwardedProps.iacCode.cwd``): where a run may work.
+
+Why this module exists: ``cwd`` is a client-chosen path on the adapter's host, so it must be
+confined to the operator's allowed roots, the same ones the kernel enforces
+(``IAC_CODE_AGUI_ALLOWED_CWDS``, else ``IACCODE_A2A_ALLOWED_CWDS``; default: the adapter's
+own directory and the system temp dir). It is the only module of the protocol core that
+touches the filesystem, and it splits the job in two so that nothing is created for a
+request that is then refused (upstream creates the directory during admission, before the
+busy and conflict checks, and leaves it behind):
+
+- :func:`resolve_workspace` checks and resolves, and creates nothing;
+- :func:`ensure_workspace` creates the directory, once the request is admitted.
+
+Unlike upstream, ``$VAR`` sequences are **not** expanded: the value comes from the client,
+and expanding it against the adapter's environment would let a client probe that
+environment (and make the meaning of a path depend on how the server was started). ``$`` is
+an ordinary file name character, so ``/data/$USER`` names exactly that directory. ``~`` is
+still expanded, as the contract's examples and upstream allow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agui_adapter import messages
+from agui_adapter.errors import AguiError
+
+__all__ = ["ROOT_VARIABLES", "allowed_roots", "ensure_workspace", "resolve_workspace"]
+
+#: The variables naming the allowed roots, by precedence (the first non-empty one wins).
+ROOT_VARIABLES = ("IAC_CODE_AGUI_ALLOWED_CWDS", "IACCODE_A2A_ALLOWED_CWDS")
+
+
+def _invalid(template: str) -> AguiError:
+    return AguiError("INVALID_INPUT", template)
+
+
+def allowed_roots(env: Mapping[str, str], process_cwd: str, temp_dir: str) -> list[Path]:
+    """The resolved, existing directories a workspace must lie in (possibly none).
+
+    The first non-empty variable of :data:`ROOT_VARIABLES` is split on ``os.pathsep``;
+    empty items are skipped, ``~`` is expanded and relative items are taken from
+    ``process_cwd``. With neither variable set, the roots are ``process_cwd`` and
+    ``temp_dir``. Items that are not existing directories are dropped, so an empty result
+    refuses every workspace.
+    """
+    configured = next((env[name] for name in ROOT_VARIABLES if env.get(name)), None)
+    if configured is None:
+        candidates = [process_cwd, temp_dir]
+    else:
+        candidates = [item for item in configured.split(os.pathsep) if item]
+    roots: list[Path] = []
+    for item in candidates:
+        path = Path(os.path.expanduser(item))
+        if not path.is_absolute():
+            path = Path(process_cwd) / path
+        try:
+            resolved = path.resolve(strict=False)
+            if resolved.is_dir() and resolved not in roots:
+                roots.append(resolved)
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return roots
+
+
+def resolve_workspace(raw: str, roots: Sequence[Path]) -> Path:
+    """Check ``raw`` against the roots and return its resolved path; creates nothing.
+
+    ``raw`` must be absolute after ``~`` expansion. It is normalized, then resolved with
+    symlinks followed, so a link pointing out of a root is refused. Raises
+    ``AguiError("INVALID_INPUT", CWD_*)``.
+    """
+    if not isinstance(raw, str) or not raw:
+        raise _invalid(messages.CWD_NOT_ABSOLUTE)
+    if "\x00" in raw:
+        raise _invalid(messages.CWD_INVALID)
+    # os.path.expanduser leaves an unknown ~user alone (pathlib would raise), which then
+    # fails the absolute check below.
+    expanded = os.path.expanduser(raw)
+    if not os.path.isabs(expanded):
+        raise _invalid(messages.CWD_NOT_ABSOLUTE)
+    try:
+        resolved = Path(os.path.normpath(expanded)).resolve(strict=False)
+        resolved_roots = [Path(root).resolve(strict=False) for root in roots]
+    except (OSError, RuntimeError, ValueError):
+        raise _invalid(messages.CWD_INVALID) from None
+    if not any(resolved == root or resolved.is_relative_to(root) for root in resolved_roots):
+        raise _invalid(messages.CWD_OUTSIDE_ROOTS)
+    try:
+        # A symlink left in the resolved path could not be followed (a loop, say), and
+        # Python versions differ on raising for it: refuse it here, uniformly.
+        if any(p.is_symlink() for p in (resolved, *resolved.parents)):
+            raise _invalid(messages.CWD_INVALID)
+        # The workspace, or the nearest ancestor that exists, must be a directory: a path
+        # under a regular file could never be created.
+        existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+        if not existing.is_dir():
+            raise _invalid(messages.CWD_NOT_DIRECTORY)
+    except OSError:
+        raise _invalid(messages.CWD_INVALID) from None
+    return resolved
+
+
+def ensure_workspace(path: Path) -> None:
+    """Create the workspace directory (and its parents) if missing.
+
+    Call it only once the request is admitted. Raises
+    ``AguiError("INVALID_INPUT", CWD_CANNOT_CREATE)``.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        raise _invalid(messages.CWD_CANNOT_CREATE) from None

@@ -1,0 +1,251 @@
+"""The iac-code workspace: allowed roots, confinement, and creating only when asked."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agui_adapter import messages
+from agui_adapter.errors import AguiError
+from agui_adapter.workspace import allowed_roots, ensure_workspace, resolve_workspace
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "root"
+    path.mkdir()
+    return path.resolve()
+
+
+def refused(raw: str, roots: list[Path], template: str) -> None:
+    with pytest.raises(AguiError) as caught:
+        resolve_workspace(raw, roots)
+    assert caught.value.code == "INVALID_INPUT"
+    assert caught.value.message == template
+
+
+def snapshot(path: Path) -> set[str]:
+    return {str(p) for p in path.rglob("*")}
+
+
+# --- allowed roots -------------------------------------------------------------------------
+
+
+def test_defaults_are_process_cwd_and_temp_dir(tmp_path: Path) -> None:
+    cwd, temp = tmp_path / "cwd", tmp_path / "temp"
+    cwd.mkdir()
+    temp.mkdir()
+    assert allowed_roots({}, str(cwd), str(temp)) == [cwd.resolve(), temp.resolve()]
+
+
+def test_defaults_skip_missing_directories_and_duplicates(tmp_path: Path) -> None:
+    assert allowed_roots({}, str(tmp_path / "missing"), str(tmp_path)) == [tmp_path.resolve()]
+    assert allowed_roots({}, str(tmp_path), str(tmp_path)) == [tmp_path.resolve()]
+
+
+def test_agui_variable_wins(tmp_path: Path) -> None:
+    a, b, c = (tmp_path / name for name in "abc")
+    for path in (a, b, c):
+        path.mkdir()
+    env = {
+        "IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep.join([str(a), "", str(b)]),
+        "IACCODE_A2A_ALLOWED_CWDS": str(c),
+    }
+    assert allowed_roots(env, str(tmp_path), str(tmp_path)) == [a.resolve(), b.resolve()]
+
+
+def test_kernel_variable_is_the_fallback(tmp_path: Path) -> None:
+    c = tmp_path / "c"
+    c.mkdir()
+    env = {"IAC_CODE_AGUI_ALLOWED_CWDS": "", "IACCODE_A2A_ALLOWED_CWDS": str(c)}
+    assert allowed_roots(env, "/nonexistent-cwd", "/nonexistent-temp") == [c.resolve()]
+
+
+def test_configured_roots_drop_files_and_missing_paths(tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("x")
+    env = {"IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep.join([str(file), str(tmp_path / "nope")])}
+    assert allowed_roots(env, str(tmp_path), str(tmp_path)) == []
+
+
+def test_only_separators_gives_no_roots(tmp_path: Path) -> None:
+    env = {"IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep * 3}
+    assert allowed_roots(env, str(tmp_path), str(tmp_path)) == []
+
+
+def test_roots_expand_home_and_resolve_symlinks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    (home / "ws").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(home / "ws")
+    monkeypatch.setenv("HOME", str(home))
+    env = {"IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep.join(["~/ws", str(link)])}
+    assert allowed_roots(env, str(tmp_path), str(tmp_path)) == [(home / "ws").resolve()]
+
+
+def test_relative_roots_are_taken_from_the_process_cwd(tmp_path: Path) -> None:
+    (tmp_path / "rel").mkdir()
+    env = {"IAC_CODE_AGUI_ALLOWED_CWDS": "rel"}
+    assert allowed_roots(env, str(tmp_path), "/nonexistent") == [(tmp_path / "rel").resolve()]
+
+
+def test_allowed_roots_creates_nothing(tmp_path: Path) -> None:
+    before = snapshot(tmp_path)
+    allowed_roots({"IAC_CODE_AGUI_ALLOWED_CWDS": str(tmp_path / "x")}, str(tmp_path), str(tmp_path))
+    assert snapshot(tmp_path) == before
+
+
+# --- resolve -----------------------------------------------------------------------------
+
+
+def test_root_itself_and_existing_child(root: Path) -> None:
+    (root / "child").mkdir()
+    assert resolve_workspace(str(root), [root]) == root
+    assert resolve_workspace(str(root / "child"), [root]) == root / "child"
+
+
+def test_missing_child_is_accepted_but_not_created(root: Path) -> None:
+    target = root / "a" / "b"
+    before = snapshot(root)
+    assert resolve_workspace(str(target), [root]) == target
+    assert not target.exists()
+    assert snapshot(root) == before
+
+
+def test_path_is_normalized(root: Path) -> None:
+    assert resolve_workspace(f"{root}/x/../y/./z/", [root]) == root / "y" / "z"
+
+
+def test_dotdot_escape_is_refused(root: Path) -> None:
+    refused(f"{root}/../outside", [root], messages.CWD_OUTSIDE_ROOTS)
+
+
+def test_sibling_with_common_prefix_is_outside(root: Path) -> None:
+    sibling = Path(str(root) + "-evil")
+    refused(str(sibling), [root], messages.CWD_OUTSIDE_ROOTS)
+
+
+def test_symlink_escaping_a_root_is_refused(root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "escape").symlink_to(outside)
+    refused(str(root / "escape"), [root], messages.CWD_OUTSIDE_ROOTS)
+    refused(str(root / "escape" / "deeper"), [root], messages.CWD_OUTSIDE_ROOTS)
+
+
+def test_symlink_into_a_root_resolves_to_the_real_path(root: Path, tmp_path: Path) -> None:
+    (root / "real").mkdir()
+    alias = tmp_path / "alias"
+    alias.symlink_to(root / "real")
+    assert resolve_workspace(str(alias), [root]) == root / "real"
+
+
+def test_roots_given_unresolved_are_compared_resolved(root: Path, tmp_path: Path) -> None:
+    alias_root = tmp_path / "alias-root"
+    alias_root.symlink_to(root)
+    assert resolve_workspace(str(root / "ws"), [alias_root]) == root / "ws"
+
+
+@pytest.mark.parametrize("raw", ["relative/path", "./ws", "ws", "$HOME/ws", "~nosuchuser-xyz/ws"])
+def test_relative_paths_are_refused(raw: str, root: Path) -> None:
+    refused(raw, [root], messages.CWD_NOT_ABSOLUTE)
+
+
+def test_empty_is_refused(root: Path) -> None:
+    refused("", [root], messages.CWD_NOT_ABSOLUTE)
+
+
+def test_home_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    assert resolve_workspace("~/ws", [home.resolve()]) == home.resolve() / "ws"
+
+
+def test_environment_variables_are_not_expanded(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGUI_TEST_ESCAPE", "../../..")
+    resolved = resolve_workspace(f"{root}/$AGUI_TEST_ESCAPE/ws", [root])
+    assert resolved == root / "$AGUI_TEST_ESCAPE" / "ws"
+
+
+def test_file_is_refused(root: Path) -> None:
+    (root / "file.txt").write_text("x")
+    refused(str(root / "file.txt"), [root], messages.CWD_NOT_DIRECTORY)
+
+
+def test_path_under_a_file_is_refused(root: Path) -> None:
+    (root / "file.txt").write_text("x")
+    refused(str(root / "file.txt" / "sub"), [root], messages.CWD_NOT_DIRECTORY)
+
+
+def test_symlink_to_a_file_is_refused(root: Path) -> None:
+    (root / "file.txt").write_text("x")
+    (root / "link").symlink_to(root / "file.txt")
+    refused(str(root / "link"), [root], messages.CWD_NOT_DIRECTORY)
+
+
+def test_outside_check_comes_before_the_directory_check(root: Path, tmp_path: Path) -> None:
+    outside_file = tmp_path / "outside.txt"
+    outside_file.write_text("x")
+    refused(str(outside_file), [root], messages.CWD_OUTSIDE_ROOTS)
+
+
+def test_no_roots_refuses_everything(root: Path) -> None:
+    refused(str(root), [], messages.CWD_OUTSIDE_ROOTS)
+
+
+def test_nul_byte_is_invalid(root: Path) -> None:
+    refused(f"{root}/a\x00b", [root], messages.CWD_INVALID)
+
+
+def test_symlink_loop_is_refused(root: Path) -> None:
+    (root / "loop").symlink_to(root / "loop")
+    refused(str(root / "loop" / "x"), [root], messages.CWD_INVALID)
+    refused(str(root / "loop"), [root], messages.CWD_INVALID)
+
+
+def test_one_of_several_roots(root: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    assert resolve_workspace(str(other / "ws"), [root, other.resolve()]) == other.resolve() / "ws"
+
+
+# --- ensure -------------------------------------------------------------------------------
+
+
+def test_ensure_creates_parents_and_is_idempotent(root: Path) -> None:
+    target = resolve_workspace(str(root / "a" / "b"), [root])
+    ensure_workspace(target)
+    assert target.is_dir()
+    ensure_workspace(target)
+    assert target.is_dir()
+
+
+def test_ensure_over_a_file_fails(root: Path) -> None:
+    file = root / "file"
+    file.write_text("x")
+    with pytest.raises(AguiError) as caught:
+        ensure_workspace(file)
+    assert caught.value.code == "INVALID_INPUT"
+    assert caught.value.message == messages.CWD_CANNOT_CREATE
+
+
+def test_ensure_under_a_file_fails(root: Path) -> None:
+    (root / "file").write_text("x")
+    with pytest.raises(AguiError) as caught:
+        ensure_workspace(root / "file" / "ws")
+    assert caught.value.message == messages.CWD_CANNOT_CREATE
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores permissions")
+def test_ensure_without_permission_fails(root: Path) -> None:
+    locked = root / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(AguiError) as caught:
+            ensure_workspace(locked / "ws")
+        assert caught.value.message == messages.CWD_CANNOT_CREATE
+    finally:
+        locked.chmod(0o700)
