@@ -1,0 +1,142 @@
+"""AG-UI 1.0 events as plain dicts, and their SSE wire encoding.
+
+Constructors take every value explicitly (timestamps included: the core never reads
+a clock) and omit optional fields instead of writing ``null``: the official 1.0 client
+rejects ``null`` in optional fields. ``encode`` writes ``data: <compact JSON>\\n\\n``
+with LF only, since CRLF breaks the official client's parser.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+Event = dict[str, Any]
+
+HEARTBEAT = b": heartbeat\n\n"
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def encode(event: Event) -> bytes:
+    """One SSE frame for one event."""
+    return b"data: " + _dumps(event).encode("utf-8") + b"\n\n"
+
+
+def encode_many(events: list[Event]) -> bytes:
+    """Several frames as one chunk (one write per wake-up, design rule 5)."""
+    return b"".join([b"data: " + _dumps(e).encode("utf-8") + b"\n\n" for e in events])
+
+
+def _event(kind: str, ts: int, **fields: Any) -> Event:
+    event: Event = {"type": kind, "timestamp": ts}
+    for key, value in fields.items():
+        if value is not None:
+            event[key] = value
+    return event
+
+
+def run_started(ts: int, thread_id: str, run_id: str, parent_run_id: str | None = None) -> Event:
+    return _event(
+        "RUN_STARTED",
+        ts,
+        threadId=thread_id,
+        runId=run_id,
+        parentRunId=parent_run_id,
+        protocolVersion="1.0",
+    )
+
+
+def run_finished(
+    ts: int, thread_id: str, run_id: str, outcome: dict[str, Any], usage: list[dict] | None = None
+) -> Event:
+    return _event("RUN_FINISHED", ts, threadId=thread_id, runId=run_id, outcome=outcome, usage=usage or None)
+
+
+def run_error(ts: int, code: str, message: str, usage: list[dict] | None = None) -> Event:
+    return _event("RUN_ERROR", ts, message=message, code=code, usage=usage or None)
+
+
+def text_start(ts: int, message_id: str) -> Event:
+    return _event("TEXT_MESSAGE_START", ts, messageId=message_id, role="assistant")
+
+
+def text_content(ts: int, message_id: str, delta: str) -> Event:
+    return {"type": "TEXT_MESSAGE_CONTENT", "timestamp": ts, "messageId": message_id, "delta": delta}
+
+
+def text_end(ts: int, message_id: str) -> Event:
+    return _event("TEXT_MESSAGE_END", ts, messageId=message_id)
+
+
+def reasoning_start(ts: int, message_id: str) -> Event:
+    return _event("REASONING_START", ts, messageId=message_id)
+
+
+def reasoning_message_start(ts: int, message_id: str) -> Event:
+    return _event("REASONING_MESSAGE_START", ts, messageId=message_id, role="reasoning")
+
+
+def reasoning_content(ts: int, message_id: str, delta: str) -> Event:
+    return _event("REASONING_MESSAGE_CONTENT", ts, messageId=message_id, delta=delta)
+
+
+def reasoning_message_end(ts: int, message_id: str) -> Event:
+    return _event("REASONING_MESSAGE_END", ts, messageId=message_id)
+
+
+def reasoning_end(ts: int, message_id: str) -> Event:
+    return _event("REASONING_END", ts, messageId=message_id)
+
+
+def tool_start(ts: int, tool_call_id: str, name: str, parent_message_id: str | None) -> Event:
+    return _event(
+        "TOOL_CALL_START",
+        ts,
+        toolCallId=tool_call_id,
+        toolCallName=name,
+        parentMessageId=parent_message_id,
+    )
+
+
+def tool_args(ts: int, tool_call_id: str, delta: str) -> Event:
+    return _event("TOOL_CALL_ARGS", ts, toolCallId=tool_call_id, delta=delta)
+
+
+def tool_end(ts: int, tool_call_id: str) -> Event:
+    return _event("TOOL_CALL_END", ts, toolCallId=tool_call_id)
+
+
+def tool_result(ts: int, message_id: str, tool_call_id: str, content: str) -> Event:
+    return _event(
+        "TOOL_CALL_RESULT",
+        ts,
+        messageId=message_id,
+        toolCallId=tool_call_id,
+        content=content,
+        role="tool",
+    )
+
+
+def step_started(ts: int, name: str) -> Event:
+    return _event("STEP_STARTED", ts, stepName=name)
+
+
+def step_finished(ts: int, name: str) -> Event:
+    return _event("STEP_FINISHED", ts, stepName=name)
+
+
+def activity_snapshot(ts: int, message_id: str, activity_type: str, content: dict) -> Event:
+    return _event(
+        "ACTIVITY_SNAPSHOT",
+        ts,
+        messageId=message_id,
+        activityType=activity_type,
+        content=content,
+        replace=True,
+    )
+
+
+def custom(ts: int, name: str, value: Any) -> Event:
+    # CUSTOM.value is required: it is written even when it is null.
+    return {"type": "CUSTOM", "timestamp": ts, "name": name, "value": value}

@@ -1,0 +1,387 @@
+"""A2A frames in, AG-UI events out: the sans-I/O heart of the adapter.
+
+``inspect_frame`` reads what the orchestration needs from one kernel frame (ids,
+state, required inputs, errors). ``RunTranslator`` is the per-run state machine that
+maps frames to AG-UI events and keeps the spans balanced: every START gets its END
+before the run's terminal event, and no message, reasoning or tool id is reused
+within a run. Nothing here does I/O or reads a clock: timestamps are passed in.
+
+The kernel's dialect (iac-code 0.16.0) has a few traps, handled here:
+numbers in metadata arrive as floats (``9.0``); the whole answer is repeated at the
+end with ``assistantFinal.complete`` (dropped when deltas were shown, used when none
+were); the text of a FAILED or CANCELED status is an error report, not an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import events as ev
+from .events import Event
+
+TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected", "auth-required"})
+FAILURE_STATES = frozenset({"failed", "rejected", "auth-required"})
+_RESULT_KINDS = ("task", "statusUpdate", "artifactUpdate", "message")
+
+SESSION_EVENT = "iac-code.session.v1"
+ARTIFACT_EVENT = "iac-code.artifact.v1"
+TOOL_PROGRESS_EVENT = "iac-code.tool-progress.v1"
+
+
+def normalize_numbers(value: Any) -> Any:
+    """Integral floats become ints, recursively (protobuf Struct sends ``9.0``)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: normalize_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize_numbers(v) for v in value]
+    return value
+
+
+def normalize_state(raw: Any) -> str | None:
+    """``TASK_STATE_INPUT_REQUIRED`` -> ``input-required``."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    state = raw.lower()
+    if state.startswith("task_state_"):
+        state = state[len("task_state_") :]
+    return state.replace("_", "-")
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass
+class FrameInfo:
+    """What one kernel frame says, independent of any run."""
+
+    kind: str  # task | statusUpdate | artifactUpdate | message | error | unknown
+    body: dict[str, Any]
+    task_id: str | None = None
+    context_id: str | None = None
+    session_id: str | None = None
+    state: str | None = None
+    iac: dict[str, Any] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+def inspect_frame(frame: Any) -> FrameInfo:
+    """Classify one JSON-RPC response frame of the kernel's stream."""
+    if not isinstance(frame, dict):
+        return FrameInfo(kind="unknown", body={})
+    if "error" in frame and "result" not in frame:
+        error = frame.get("error")
+        return FrameInfo(kind="error", body={}, error=error if isinstance(error, dict) else {})
+    result = frame.get("result")
+    if not isinstance(result, dict):
+        return FrameInfo(kind="unknown", body={})
+    kind, body = "unknown", result
+    for name in _RESULT_KINDS:
+        candidate = result.get(name)
+        if isinstance(candidate, dict):
+            kind, body = name, candidate
+            break
+    if kind == "unknown" and ("status" in result or "id" in result):
+        kind = "task"  # GetTask / CancelTask answer: result is the Task itself
+    info = FrameInfo(kind=kind, body=body)
+    info.task_id = _str(body.get("taskId")) or (_str(body.get("id")) if kind == "task" else None)
+    info.context_id = _str(body.get("contextId"))
+    status = body.get("status")
+    if isinstance(status, dict):
+        info.state = normalize_state(status.get("state"))
+    metadata = body.get("metadata")
+    iac = metadata.get("iac_code") if isinstance(metadata, dict) else None
+    if isinstance(iac, dict):
+        info.iac = iac = normalize_numbers(iac)
+        info.session_id = _session_id(iac)
+        info.inputs = required_inputs(iac)
+    return info
+
+
+def _session_id(iac: dict[str, Any]) -> str | None:
+    sid = _str(iac.get("iacCodeSessionId"))
+    if sid:
+        return sid
+    pipeline = iac.get("pipeline")
+    if isinstance(pipeline, dict) and _str(pipeline.get("iacCodeSessionId")):
+        return pipeline["iacCodeSessionId"]
+    batch = iac.get("pipelineBatch")
+    if isinstance(batch, dict) and isinstance(batch.get("events"), list):
+        for envelope in batch["events"]:
+            if isinstance(envelope, dict) and _str(envelope.get("iacCodeSessionId")):
+                return envelope["iacCodeSessionId"]
+    return None
+
+
+def required_inputs(iac: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inputs the kernel is waiting for: ``input`` plus ``pendingPermissions``.
+
+    Only objects with ``required: true`` count; a normal turn also ends in
+    INPUT_REQUIRED, but without any such input.
+    """
+    candidates: list[Any] = [iac.get("input")]
+    pending = iac.get("pendingPermissions")
+    if isinstance(pending, list):
+        candidates.extend(pending)
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for item in candidates:
+        if not isinstance(item, dict) or item.get("required") is not True:
+            continue
+        key = _str(item.get("inputId")) or json.dumps(item, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def status_text(body: dict[str, Any]) -> tuple[str | None, str]:
+    """(messageId, text) of an agent status message; text is "" when there is none."""
+    status = body.get("status")
+    message = status.get("message") if isinstance(status, dict) else None
+    if not isinstance(message, dict):
+        return None, ""
+    if message.get("role") not in (None, "ROLE_AGENT", "agent"):
+        return None, ""
+    parts = message.get("parts")
+    if not isinstance(parts, list):
+        return None, ""
+    text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return _str(message.get("messageId")), text
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_USAGE_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "cachedInputTokens")
+
+
+class RunTranslator:
+    """Maps the kernel frames of one AG-UI run to AG-UI events."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        run_id: str,
+        *,
+        id_namespace: str | None = None,
+        prior_text_digests: Iterable[str] = (),
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        # A resume run continues kernel messages that an earlier run already opened and
+        # closed: its AG-UI ids get a suffix so that no id is reused on the thread.
+        self._namespace = id_namespace
+        self._prior_digests = frozenset(prior_text_digests)
+        self._shown: dict[str, str] = {}  # kernel message id -> text shown in this run
+        self._used_ids: set[str] = set()
+        self._text_alias: dict[str, str] = {}  # kernel message id -> AG-UI id in this run
+        self._open_text: dict[str, None] = {}  # AG-UI ids, in opening order
+        self._current_text: str | None = None
+        self._open_reasoning: dict[str, None] = {}
+        self._open_tools: dict[str, None] = {}
+        self._started_tools: set[str] = set()
+        self._tool_results: set[str] = set()
+        self._usage: dict[tuple[str | None, str | None], dict[str, int]] = {}
+        self.text_emitted = False
+        self.failure_detail: str | None = None
+
+    # --- ids ------------------------------------------------------------------------
+    def _fresh(self, base: str) -> str:
+        if self._namespace:
+            base = f"{base}@{self._namespace}"
+        candidate, n = base, 1
+        while candidate in self._used_ids:
+            n += 1
+            candidate = f"{base}~{n}"
+        self._used_ids.add(candidate)
+        return candidate
+
+    # --- frames -----------------------------------------------------------------------
+    def map(self, info: FrameInfo, ts: int) -> list[Event]:
+        """Events for one frame, in the fixed order thinking, tool, usage, artifact, text."""
+        out: list[Event] = []
+        iac = info.iac
+        if iac:
+            thinking = iac.get("thinking")
+            if isinstance(thinking, dict):
+                self._map_thinking(thinking, ts, out)
+            tool = iac.get("tool")
+            if isinstance(tool, dict):
+                self._map_tool(tool, ts, out)
+            usage = iac.get("usage")
+            if isinstance(usage, dict):
+                self.record_usage(usage)
+        if info.kind == "artifactUpdate":
+            artifact = info.body.get("artifact")
+            if isinstance(artifact, dict):
+                value = {"schemaVersion": 1, **normalize_numbers(artifact)}
+                out.append(ev.custom(ts, ARTIFACT_EVENT, value))
+        elif info.kind == "statusUpdate":
+            self._map_status_text(info, ts, out)
+        return out
+
+    def _map_status_text(self, info: FrameInfo, ts: int, out: list[Event]) -> None:
+        message_id, text = status_text(info.body)
+        if not text:
+            return
+        if info.state in TERMINAL_STATES:
+            # "Task canceled." / an error report: not part of the assistant's answer.
+            if info.state in FAILURE_STATES:
+                self.failure_detail = text
+            return
+        final = info.iac.get("assistantFinal")
+        if isinstance(final, dict) and final.get("complete") is True and self.text_emitted:
+            return  # the kernel repeats the whole answer at the end
+        self.emit_text(message_id or "assistant", text, ts, out)
+
+    def emit_text(self, kernel_id: str, text: str, ts: int, out: list[Event]) -> None:
+        if kernel_id not in self._shown:
+            self._shown[kernel_id] = ""
+            text = self._strip_shown_prefix(text)
+        self._shown[kernel_id] += text
+        if not text:
+            return
+        self._close_reasoning(ts, out)
+        agui_id = self._text_alias.get(kernel_id)
+        if agui_id is None or agui_id not in self._open_text:
+            if self._current_text is not None:
+                self._close_text(self._current_text, ts, out)
+            agui_id = self._fresh(kernel_id)
+            self._text_alias[kernel_id] = agui_id
+            self._open_text[agui_id] = None
+            out.append(ev.text_start(ts, agui_id))
+        self._current_text = agui_id
+        out.append(ev.text_content(ts, agui_id, text))
+        self.text_emitted = True
+
+    def _strip_shown_prefix(self, text: str) -> str:
+        """Drop the longest prefix an earlier run of this execution already showed."""
+        if not self._prior_digests:
+            return text
+        for end in range(len(text), 0, -1):
+            if _digest(text[:end]) in self._prior_digests:
+                return text[end:]
+        return text
+
+    def text_digests(self) -> list[str]:
+        """Digests of the text shown per kernel message (kept with an interrupt)."""
+        return sorted({_digest(t) for t in self._shown.values() if t} | self._prior_digests)
+
+    def _close_text(self, agui_id: str, ts: int, out: list[Event]) -> None:
+        if agui_id in self._open_text:
+            del self._open_text[agui_id]
+            out.append(ev.text_end(ts, agui_id))
+        if self._current_text == agui_id:
+            # deterministic: the most recently opened message still open
+            self._current_text = next(reversed(self._open_text), None) if self._open_text else None
+
+    def _map_thinking(self, thinking: dict[str, Any], ts: int, out: list[Event]) -> None:
+        text = thinking.get("text")
+        if thinking.get("type") != "raw_thinking" or not isinstance(text, str) or not text:
+            return
+        if not self._open_reasoning:
+            rid = self._fresh(f"reasoning-{self._current_text or self.run_id}")
+            self._open_reasoning[rid] = None
+            out.append(ev.reasoning_start(ts, rid))
+            out.append(ev.reasoning_message_start(ts, rid))
+        rid = next(reversed(self._open_reasoning))
+        out.append(ev.reasoning_content(ts, rid, text))
+
+    def _close_reasoning(self, ts: int, out: list[Event]) -> None:
+        for rid in sorted(self._open_reasoning):
+            out.append(ev.reasoning_message_end(ts, rid))
+            out.append(ev.reasoning_end(ts, rid))
+        self._open_reasoning.clear()
+
+    def _map_tool(self, tool: dict[str, Any], ts: int, out: list[Event]) -> None:
+        status = tool.get("status")
+        tool_id = _str(tool.get("toolUseId"))
+        if tool_id is None:
+            return
+        name = _str(tool.get("name")) or "tool"
+        if status in ("started", "input_complete"):
+            if tool_id not in self._started_tools:
+                self._started_tools.add(tool_id)
+                self._open_tools[tool_id] = None
+                out.append(ev.tool_start(ts, tool_id, name, self._current_text))
+            if status == "input_complete" and tool_id in self._open_tools:
+                tool_input = tool.get("toolInput")
+                args = tool_input if tool_input is not None else {"summary": tool.get("inputSummary")}
+                out.append(ev.tool_args(ts, tool_id, compact_json(args)))
+                del self._open_tools[tool_id]
+                out.append(ev.tool_end(ts, tool_id))
+        elif status in ("completed", "failed"):
+            self.emit_tool_result(tool_id, tool.get("result"), ts, out)
+        elif status == "progress":
+            out.append(ev.custom(ts, TOOL_PROGRESS_EVENT, {"schemaVersion": 1, **tool}))
+
+    def emit_tool_result(self, tool_id: str, result: Any, ts: int, out: list[Event]) -> None:
+        """TOOL_CALL_RESULT once per tool call per run; an open call is closed first."""
+        if tool_id in self._tool_results:
+            return
+        self._tool_results.add(tool_id)
+        if tool_id in self._open_tools:
+            del self._open_tools[tool_id]
+            out.append(ev.tool_end(ts, tool_id))
+        content = result if isinstance(result, str) else compact_json(result)
+        out.append(ev.tool_result(ts, self._fresh(f"tool-result-{tool_id}"), tool_id, content))
+
+    # --- usage ------------------------------------------------------------------------
+    def record_usage(self, usage: dict[str, Any]) -> None:
+        key = (_str(usage.get("provider")), _str(usage.get("model")))
+        totals = self._usage.setdefault(key, dict.fromkeys(_USAGE_FIELDS, 0))
+        for name in _USAGE_FIELDS:
+            value = usage.get(name)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                totals[name] += value
+
+    def usage(self) -> list[dict[str, Any]]:
+        out = []
+        for (provider, model), totals in self._usage.items():
+            entry: dict[str, Any] = {}
+            if provider:
+                entry["provider"] = provider
+            if model:
+                entry["model"] = model
+            entry.update(totals)
+            out.append(entry)
+        return out
+
+    # --- the end ------------------------------------------------------------------------
+    def close_all(self, ts: int) -> list[Event]:
+        """END for every open span, in a fixed order: reasoning, tools, text."""
+        out: list[Event] = []
+        self._close_reasoning(ts, out)
+        for tool_id in sorted(self._open_tools):
+            out.append(ev.tool_end(ts, tool_id))
+        self._open_tools.clear()
+        for agui_id in sorted(self._open_text):
+            out.append(ev.text_end(ts, agui_id))
+        self._open_text.clear()
+        self._current_text = None
+        return out
+
+    def finish(self, ts: int, outcome: dict[str, Any]) -> list[Event]:
+        out = self.close_all(ts)
+        out.append(ev.run_finished(ts, self.thread_id, self.run_id, outcome, self.usage()))
+        return out
+
+    def fail(self, ts: int, code: str, message: str) -> list[Event]:
+        out = self.close_all(ts)
+        out.append(ev.run_error(ts, code, message, self.usage()))
+        return out
