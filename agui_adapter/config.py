@@ -1,0 +1,160 @@
+"""Settings, from command-line flags, environment variables, a config file and defaults.
+
+Precedence: flag > environment > config file > default. The environment variables
+use upstream's names (``IAC_CODE_AGUI_*``), so a deployment configured for the
+upstream adapter keeps working. The config file is INI (``[agui-adapter]`` section,
+``key = value``) so that it can be read with the standard library and carry comments;
+``conf/agui-adapter.conf`` documents every key. The WSGI entry point reads the same
+environment and file.
+
+Secrets (the bearer tokens) may come from the environment or the file; they are never
+logged and never shown by ``Settings.__repr__``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .i18n import SUPPORTED_LANGUAGES, normalize_language
+
+SECTION = "agui-adapter"
+KERNEL_CHOICES = ("auto", "iac-code", "scripted")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting has an invalid value; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    a2a_url: str = ""
+    a2a_token: str = field(default="", repr=False)
+    auth_token: str = field(default="", repr=False)
+    state_dir: str = ""
+    kernel: str = "auto"
+    heartbeat_seconds: float = 15.0
+    default_language: str = "en"
+    allowed_cwds: str = ""
+    log_level: str = "info"
+    interrupt_ttl_seconds: float = 86400.0
+    allow_remote_kernel: bool = False
+    kernel_ready_timeout: float = 30.0
+
+    def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
+        env = os.environ if env is None else env
+        if self.state_dir:
+            return Path(self.state_dir).expanduser().resolve()
+        config_dir = env.get("IAC_CODE_CONFIG_DIR")
+        base = Path(config_dir).expanduser() if config_dir else Path("~/.iac-code").expanduser()
+        return (base / "agui").resolve()
+
+
+# setting name -> environment variable
+ENV_NAMES: dict[str, str] = {
+    "host": "IAC_CODE_AGUI_HOST",
+    "port": "IAC_CODE_AGUI_PORT",
+    "a2a_url": "IAC_CODE_AGUI_A2A_URL",
+    "a2a_token": "IAC_CODE_AGUI_A2A_TOKEN",
+    "auth_token": "IAC_CODE_AGUI_AUTH_TOKEN",
+    "state_dir": "IAC_CODE_AGUI_STATE_DIR",
+    "kernel": "IAC_CODE_AGUI_KERNEL",
+    "heartbeat_seconds": "IAC_CODE_AGUI_HEARTBEAT_SECONDS",
+    "default_language": "IAC_CODE_AGUI_DEFAULT_LANGUAGE",
+    "allowed_cwds": "IAC_CODE_AGUI_ALLOWED_CWDS",
+    "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
+    "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
+    "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
+}
+CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert one raw value to the setting's type, or raise ConfigError naming it."""
+    if name == "port":
+        try:
+            port = int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"port must be an integer between 1 and 65535, got {value!r}.") from None
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port must be between 1 and 65535, got {port}.")
+        return port
+    if name in ("heartbeat_seconds", "interrupt_ttl_seconds", "kernel_ready_timeout"):
+        try:
+            number = float(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {value!r}.") from None
+        if not number > 0 or number != number or number == float("inf"):
+            raise ConfigError(f"{name} must be a positive number, got {value!r}.")
+        return number
+    if name == "allow_remote_kernel":
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
+    text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
+    if name == "kernel" and text not in KERNEL_CHOICES:
+        raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")
+    if name == "log_level":
+        text = text.lower()
+        if text not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {text!r}.")
+    if name == "default_language":
+        language = normalize_language(text)
+        if language is None:
+            raise ConfigError(f"default_language must be one of {', '.join(SUPPORTED_LANGUAGES)}, got {text!r}.")
+        return language
+    return text
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The ``[agui-adapter]`` section of an INI file, keys normalised to snake_case."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            parser.read_file(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {os.fspath(path)!r}: {exc.strerror}") from None
+    except configparser.Error as exc:
+        raise ConfigError(f"the config file {os.fspath(path)!r} is not valid INI: {exc.message}") from None
+    if not parser.has_section(SECTION):
+        return {}
+    known = {f.name for f in fields(Settings)}
+    values: dict[str, str] = {}
+    for key, value in parser.items(SECTION):
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"unknown key {key!r} in the config file {os.fspath(path)!r}.")
+        values[name] = value
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_path: str | None = None,
+) -> Settings:
+    """Merge flags > env > config file > defaults into validated Settings."""
+    env = os.environ if env is None else env
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    path = config_path or env.get(CONFIG_ENV) or ""
+    file_values = read_config_file(path) if path else {}
+    merged: dict[str, Any] = {}
+    for f in fields(Settings):
+        name = f.name
+        if name in flags:
+            merged[name] = _coerce(name, flags[name])
+        elif name in ENV_NAMES and env.get(ENV_NAMES[name], "") != "":
+            merged[name] = _coerce(name, env[ENV_NAMES[name]])
+        elif name in file_values:
+            merged[name] = _coerce(name, file_values[name])
+    return Settings(**merged)

@@ -1,0 +1,147 @@
+"""The reader thread of a run: owns the blocking kernel stream, feeds a bounded queue.
+
+The WSGI generator takes from the queue with a timeout (heartbeats), and drains
+everything already queued in one go (one chunk per wake-up). ``stop()`` unblocks the
+reader from any thread by closing the stream. When a run is abandoned before the
+kernel has said which task it is, ``cancel_when_known`` lets the reader keep going
+just long enough to learn the task id and hand it over for cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .a2a import KernelRejected, KernelStream, KernelUnavailable
+
+log = logging.getLogger("agui_adapter.pump")
+
+Item = tuple[str, Any]  # ("frames", [frame, ...]) | ("end", None) | ("rejected", exc) | ("unavailable", exc)
+
+
+def _task_id(frame: Any) -> str | None:
+    result = frame.get("result") if isinstance(frame, dict) else None
+    if not isinstance(result, dict):
+        return None
+    for kind in ("task", "statusUpdate", "artifactUpdate"):
+        body = result.get(kind)
+        if isinstance(body, dict):
+            value = body.get("id") if kind == "task" else body.get("taskId")
+            return value if isinstance(value, str) and value else None
+    return None
+
+
+class KernelPump(threading.Thread):
+    """Reads one kernel stream on its own thread."""
+
+    def __init__(
+        self, open_stream: Callable[[], KernelStream], *, maxsize: int = 64, name: str = "kernel-pump"
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self._open_stream = open_stream
+        self._queue: queue.Queue[Item] = queue.Queue(maxsize=maxsize)
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._stream: KernelStream | None = None
+        self._on_task_id: Callable[[str], None] | None = None
+
+    # --- reader side ------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            stream = self._open_stream()
+        except KernelRejected as exc:
+            self._put(("rejected", exc))
+            return
+        except KernelUnavailable as exc:
+            self._put(("unavailable", exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - reported to the run, never lost
+            log.exception("opening the kernel stream failed")
+            self._put(("unavailable", KernelUnavailable(exc.__class__.__name__)))
+            return
+        with self._lock:
+            self._stream = stream
+            stopped = self._stopped.is_set() and self._on_task_id is None
+        if stopped:
+            stream.close()
+            return
+        try:
+            for batch in stream.batches():
+                callback = self._on_task_id
+                if callback is not None:
+                    for frame in batch:
+                        task_id = _task_id(frame)
+                        if task_id:
+                            self._on_task_id = None
+                            callback(task_id)
+                            stream.close()
+                            return
+                    continue
+                if not self._put(("frames", batch)):
+                    return
+        except KernelUnavailable as exc:
+            self._put(("unavailable", exc))
+            return
+        finally:
+            if self._stopped.is_set():
+                stream.close()
+        self._put(("end", None))
+
+    def _put(self, item: Item) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=0.25)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # --- consumer side ------------------------------------------------------------------
+    def get(self, timeout: float) -> list[Item]:
+        """Everything available, waiting up to ``timeout`` for the first item."""
+        items = [self._queue.get(timeout=timeout)]
+        get = self._queue.get_nowait
+        try:
+            while True:
+                items.append(get())
+        except queue.Empty:
+            pass
+        return items
+
+    def stop(self) -> None:
+        """Stop reading and close the kernel stream (any thread)."""
+        self._stopped.set()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.close()
+
+    def cancel_when_known(self, callback: Callable[[str], None]) -> None:
+        """Abandon the stream, but first learn its task id and pass it to ``callback``."""
+        self._on_task_id = callback
+        self._stopped.set()
+        # Frames already queued may name the task.
+        try:
+            while True:
+                kind, payload = self._queue.get_nowait()
+                if kind == "frames":
+                    for frame in payload:
+                        task_id = _task_id(frame)
+                        if task_id and self._on_task_id is not None:
+                            self._on_task_id = None
+                            callback(task_id)
+                            self.stop_now()
+                            return
+        except queue.Empty:
+            pass
+        with self._lock:
+            stream = self._stream
+        if stream is not None and stream.closed:
+            self._on_task_id = None  # the stream is over; nothing more will come
+
+    def stop_now(self) -> None:
+        self._on_task_id = None
+        self.stop()

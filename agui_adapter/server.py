@@ -1,0 +1,116 @@
+"""Start-up: command line, logging, kernel, and the threaded Werkzeug server.
+
+``python run.py`` (or the ``agui-adapter`` command) ends up in ``main``. One log line
+says where the adapter listens and which kernel it uses; Ctrl-C (or SIGTERM) stops
+the server and any kernel child it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from werkzeug.serving import make_server
+
+from . import __version__
+from .a2a import KernelClient
+from .config import KERNEL_CHOICES, LOG_LEVELS, ConfigError, Settings, load_settings
+from .kernels import KernelProcess, KernelStartError, start_kernel
+from .runs import RunEngine
+from .store import ThreadStore
+from .web import AguiApp
+
+log = logging.getLogger("agui_adapter")
+
+
+def build_app(settings: Settings, kernel: KernelProcess) -> AguiApp:
+    """The WSGI application for these settings, talking to ``kernel``."""
+    client = KernelClient(kernel.url, kernel.token or None)
+    store = ThreadStore(settings.resolved_state_dir())
+    engine = RunEngine(store, client, settings)
+    return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="agui-adapter",
+        description="AG-UI front door for the iac-code A2A kernel (flags > env > config file > defaults).",
+    )
+    parser.add_argument("--version", action="version", version=f"agui-adapter {__version__}")
+    parser.add_argument("--config", help="INI config file (env IAC_CODE_AGUI_CONFIG)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", help="listen port (default 8000; 0 picks a free one)")
+    parser.add_argument("--a2a-url", dest="a2a_url", help="URL of a running kernel (loopback)")
+    parser.add_argument("--a2a-token", dest="a2a_token", help="bearer token of that kernel")
+    parser.add_argument("--auth-token", dest="auth_token", help="bearer token clients must send")
+    parser.add_argument("--state-dir", dest="state_dir", help="state directory (default $IAC_CODE_CONFIG_DIR/agui)")
+    parser.add_argument("--kernel", choices=KERNEL_CHOICES, help="which kernel to start when no URL is given")
+    parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", help="SSE heartbeat interval (15)")
+    parser.add_argument("--interrupt-ttl-seconds", dest="interrupt_ttl_seconds", help="interrupt lifetime (86400)")
+    parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
+    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "config"}
+    try:
+        settings = load_settings(flags, config_path=args.config)
+    except ConfigError as exc:
+        print(f"agui-adapter: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    try:
+        kernel = start_kernel(settings)
+    except (KernelStartError, ValueError) as exc:
+        print(f"agui-adapter: cannot start the kernel: {exc}", file=sys.stderr)
+        return 1
+    try:
+        app = build_app(settings, kernel)
+        server = make_server(settings.host, settings.port, app, threaded=True)
+    except Exception as exc:  # noqa: BLE001 - report and stop the kernel
+        kernel.stop()
+        print(f"agui-adapter: cannot start: {exc}", file=sys.stderr)
+        return 1
+    server.daemon_threads = True
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host, port = server.server_address[:2]
+    log.info(
+        "agui-adapter %s listening on http://%s:%s/ (kernel: %s at %s, state: %s)",
+        __version__,
+        host,
+        port,
+        kernel.kind,
+        kernel.url,
+        settings.resolved_state_dir(),
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        kernel.stop()
+        log.info("agui-adapter stopped")
+    return 0

@@ -1,0 +1,324 @@
+"""Durable per-thread state: one small JSON file per AG-UI thread.
+
+``<state-dir>/threads/<key>.json`` holds the thread's binding (contextId, cwd, userId,
+iac-code session), its current execution (taskId, pending interrupts, pipeline
+progress) and bounded idempotency records. Files are read lazily, on the first
+request that names the thread, and replaced atomically (temp file, fsync, rename,
+directory fsync); they are 0600 in 0700 directories and never hold a secret.
+
+Two kinds of lock, both OS file locks so that they hold across processes sharing
+the directory (gunicorn workers) and vanish with a crashed process:
+
+* ``<key>.lock`` is held briefly around each read-modify-write of the record;
+* ``<key>.run`` is held for the whole life of the thread's active run, so "one
+  active run per thread" holds everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+MAX_RUN_DIGESTS = 1000
+MAX_APPLIED_ANSWERS = 500
+MAX_TERMINAL_EXECUTIONS = 200
+
+_SAFE_KEY = re.compile(r"^[a-z0-9_.-]{1,100}$")
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+class StoreError(Exception):
+    """The thread state could not be read or written."""
+
+
+def thread_key(thread_id: str) -> str:
+    """A file stem for a threadId that cannot name a path outside the directory."""
+    if not thread_id:
+        raise StoreError("empty thread id")
+    if _SAFE_KEY.match(thread_id) and thread_id not in (".", "..") and not thread_id.endswith("."):
+        base = thread_id.rstrip(".").split(".")[0].upper()
+        if base not in _RESERVED:
+            return thread_id
+    hex_id = thread_id.encode("utf-8").hex()
+    if len(hex_id) <= 200:
+        return f"aguiid~{hex_id}"
+    return "aguihash~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Execution:
+    """One execution: an initial run plus the resumes of its interrupts."""
+
+    execution_id: str
+    ros_invocation_id: str
+    task_id: str | None = None
+    terminal: bool = False
+    # inputId -> {"input": allowlisted kernel input, "interrupt": AG-UI interrupt, "sideband": bool}
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pipeline_sequence: int = 0
+    open_steps: list[str] = field(default_factory=list)
+    text_digests: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ThreadRecord:
+    """Everything the adapter must remember about one AG-UI thread."""
+
+    thread_id: str
+    context_id: str
+    cwd: str
+    user_id: str | None
+    execution: Execution
+    session_id: str | None = None
+    run_digests: dict[str, str] = field(default_factory=dict)
+    applied_answers: list[dict[str, str]] = field(default_factory=list)
+    # executionId -> rosInvocationId of executions that ended (bounded, oldest first)
+    terminal_executions: dict[str, str] = field(default_factory=dict)
+
+    def remember_run(self, run_id: str, digest: str) -> None:
+        self.run_digests[run_id] = digest
+        while len(self.run_digests) > MAX_RUN_DIGESTS:
+            del self.run_digests[next(iter(self.run_digests))]
+
+    def retire_execution(self) -> None:
+        """Mark the current execution ended (its cancel answers already_terminal)."""
+        execution = self.execution
+        execution.terminal = True
+        execution.pending.clear()
+        self.terminal_executions[execution.execution_id] = execution.ros_invocation_id
+        while len(self.terminal_executions) > MAX_TERMINAL_EXECUTIONS:
+            del self.terminal_executions[next(iter(self.terminal_executions))]
+
+    def remember_answer(self, execution_id: str, interrupt_id: str, digest: str) -> None:
+        self.applied_answers = [
+            a
+            for a in self.applied_answers
+            if not (a["executionId"] == execution_id and a["interruptId"] == interrupt_id)
+        ]
+        self.applied_answers.append({"executionId": execution_id, "interruptId": interrupt_id, "digest": digest})
+        del self.applied_answers[:-MAX_APPLIED_ANSWERS]
+
+    def applied_digest(self, execution_id: str, interrupt_id: str) -> str | None:
+        for answer in self.applied_answers:
+            if answer["executionId"] == execution_id and answer["interruptId"] == interrupt_id:
+                return answer["digest"]
+        return None
+
+    # --- (de)serialisation --------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schemaVersion": SCHEMA_VERSION,
+            "threadId": self.thread_id,
+            "contextId": self.context_id,
+            "cwd": self.cwd,
+            "userId": self.user_id,
+            "iacCodeSessionId": self.session_id,
+            "execution": _camel(asdict(self.execution)),
+            "runDigests": self.run_digests,
+            "appliedAnswers": self.applied_answers,
+            "terminalExecutions": self.terminal_executions,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, thread_id: str) -> ThreadRecord:
+        try:
+            if not isinstance(data, dict) or data.get("schemaVersion") != SCHEMA_VERSION:
+                raise StoreError("unsupported state file")
+            if data.get("threadId") != thread_id:
+                raise StoreError("state file belongs to another thread")
+            ex = data["execution"]
+            execution = Execution(
+                execution_id=_req_str(ex["executionId"]),
+                ros_invocation_id=_req_str(ex["rosInvocationId"]),
+                task_id=_opt_str(ex.get("taskId")),
+                terminal=bool(ex.get("terminal", False)),
+                pending=dict(ex.get("pending") or {}),
+                pipeline_sequence=int(ex.get("pipelineSequence") or 0),
+                open_steps=[str(s) for s in ex.get("openSteps") or []],
+                text_digests=[str(s) for s in ex.get("textDigests") or []],
+            )
+            return cls(
+                thread_id=thread_id,
+                context_id=_req_str(data["contextId"]),
+                cwd=_req_str(data["cwd"]),
+                user_id=_opt_str(data.get("userId")),
+                session_id=_opt_str(data.get("iacCodeSessionId")),
+                execution=execution,
+                run_digests={str(k): str(v) for k, v in (data.get("runDigests") or {}).items()},
+                applied_answers=[dict(a) for a in data.get("appliedAnswers") or []],
+                terminal_executions={str(k): str(v) for k, v in (data.get("terminalExecutions") or {}).items()},
+            )
+        except StoreError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StoreError(f"malformed state file: {exc.__class__.__name__}") from exc
+
+
+def _camel(values: dict[str, Any]) -> dict[str, Any]:
+    def camel(name: str) -> str:
+        head, *rest = name.split("_")
+        return head + "".join(part.title() for part in rest)
+
+    return {camel(k): v for k, v in values.items()}
+
+
+def _req_str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise StoreError("missing required field")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise StoreError("bad optional field")
+    return value
+
+
+class RunLock:
+    """The OS lock that makes a run the thread's only active one."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+class ThreadStore:
+    """Reads and writes thread records under ``<root>/threads``."""
+
+    _STRIPES = 64
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.threads_dir = self.root / "threads"
+        self._stripes = [threading.Lock() for _ in range(self._STRIPES)]
+        self._ready = False
+
+    def _ensure_dirs(self) -> None:
+        if self._ready:
+            return
+        try:
+            for directory in (self.root, self.threads_dir):
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(directory, 0o700)
+        except OSError as exc:
+            raise StoreError(f"cannot create the state directory: {exc.strerror}") from exc
+        self._ready = True
+
+    def path_for(self, thread_id: str) -> Path:
+        return self.threads_dir / f"{thread_key(thread_id)}.json"
+
+    def _open_lock_file(self, thread_id: str, suffix: str) -> int:
+        self._ensure_dirs()
+        path = self.threads_dir / f"{thread_key(thread_id)}{suffix}"
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open a lock file: {exc.strerror}") from exc
+
+    # --- locks ------------------------------------------------------------------------
+    def try_lock_run(self, thread_id: str) -> RunLock | None:
+        """The thread's run lock, or None when another run (any process) holds it."""
+        fd = self._open_lock_file(thread_id, ".run")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            raise StoreError(f"cannot lock the thread: {exc.strerror}") from exc
+        return RunLock(fd)
+
+    @contextlib.contextmanager
+    def locked(self, thread_id: str) -> Iterator[None]:
+        """Exclusive access to the thread's record, across threads and processes."""
+        stripe = self._stripes[zlib.crc32(thread_id.encode("utf-8")) % self._STRIPES]
+        with stripe:
+            fd = self._open_lock_file(thread_id, ".lock")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    # --- records ----------------------------------------------------------------------
+    def load(self, thread_id: str) -> ThreadRecord | None:
+        path = self.path_for(thread_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                raw = handle.read()
+        except OSError as exc:
+            raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise StoreError("the thread state is not valid JSON") from exc
+        return ThreadRecord.from_json(data, thread_id)
+
+    def save(self, record: ThreadRecord) -> None:
+        self._ensure_dirs()
+        path = self.path_for(record.thread_id)
+        payload = (
+            json.dumps(record.to_json(), ensure_ascii=False, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
+            + b"\n"
+        )
+        tmp_name = None
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.threads_dir)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp_name, 0o600)
+            os.replace(tmp_name, path)
+            tmp_name = None
+            dir_fd = os.open(self.threads_dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise StoreError(f"cannot write the thread state: {exc.strerror}") from exc
+        finally:
+            if tmp_name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+
+    def update(self, thread_id: str, mutate: Callable[[ThreadRecord], None]) -> ThreadRecord | None:
+        """Read-modify-write under the record lock; None when the thread is unknown."""
+        with self.locked(thread_id):
+            record = self.load(thread_id)
+            if record is None:
+                return None
+            mutate(record)
+            self.save(record)
+            return record

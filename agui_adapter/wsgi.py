@@ -1,0 +1,27 @@
+"""``agui_adapter.wsgi:application`` for any WSGI server (gunicorn, waitress, mod_wsgi).
+
+Configured exactly like ``python run.py``: the ``IAC_CODE_AGUI_*`` environment
+variables and the config file named by ``IAC_CODE_AGUI_CONFIG``. Without
+``IAC_CODE_AGUI_A2A_URL`` each worker process starts its own kernel child; with
+several workers, point them all at one kernel with ``IAC_CODE_AGUI_A2A_URL`` so that
+every worker sees the same conversations (the state directory is already shared
+safely through file locks).
+
+Serve with threads (gunicorn ``-k gthread --threads N``, waitress ``--threads N``):
+every open SSE stream holds one worker thread for its whole life.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+from .config import load_settings
+from .kernels import start_kernel
+from .server import build_app, configure_logging
+
+_settings = load_settings()
+configure_logging(_settings.log_level)
+_kernel = start_kernel(_settings)
+atexit.register(_kernel.stop)
+
+application = build_app(_settings, _kernel)
