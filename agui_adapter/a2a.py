@@ -68,33 +68,32 @@ class KernelStream:
         connection = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
         self._sock: socket.socket | None = getattr(connection, "sock", None)
 
-    def batches(self) -> Iterator[list[Any]]:
-        """Frames grouped as they arrived from the network, one list per read."""
-        decoder = SSEDecoder()
+    def chunks(self) -> Iterator[bytes]:
+        """The raw bytes of the response, one item per network read."""
         raw = self._response.raw
         try:
             if raw.chunked:
-                chunks: Iterator[bytes] = raw.read_chunked(None, decode_content=True)
+                yield from raw.read_chunked(None, decode_content=True)
             else:
-                chunks = iter(lambda: raw.read1(65536), b"")
-            for chunk in chunks:
-                payloads = decoder.feed(chunk)
-                if payloads:
-                    yield [_loads(p) for p in payloads]
-            tail = decoder.close()
-            if tail:
-                yield [_loads(p) for p in tail]
-        except (requests.RequestException, OSError, ValueError) as exc:
-            if self.closed:
-                return
-            raise KernelUnavailable(f"kernel stream broke: {exc.__class__.__name__}") from exc
-        except Exception as exc:  # urllib3 protocol errors and friends
+                yield from iter(lambda: raw.read1(65536), b"")
+        except Exception as exc:  # requests/urllib3/socket errors alike
             if self.closed:
                 return
             raise KernelUnavailable(f"kernel stream broke: {exc.__class__.__name__}") from exc
         finally:
             with self._lock:
                 self._done = True
+
+    def batches(self) -> Iterator[list[Any]]:
+        """Decoded frames, one list per network read."""
+        reader = FrameReader()
+        for chunk in self.chunks():
+            frames = reader.feed(chunk)
+            if frames:
+                yield frames
+        tail = reader.close()
+        if tail:
+            yield tail
 
     @property
     def closed(self) -> bool:
@@ -114,6 +113,35 @@ class KernelStream:
             self._response.close()
         except Exception:  # noqa: BLE001 - closing must never raise
             pass
+
+
+class FrameReader:
+    """Kernel SSE bytes in, JSON-RPC frames out (sans-I/O)."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self) -> None:
+        self._decoder = SSEDecoder()
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        payloads = self._decoder.feed(chunk)
+        return _load_all(payloads) if payloads else []
+
+    def close(self) -> list[Any]:
+        payloads = self._decoder.close()
+        return _load_all(payloads) if payloads else []
+
+
+def _load_all(payloads: list[str]) -> list[Any]:
+    """Decode many frames with one parser call; frame by frame only if one is bad."""
+    if len(payloads) > 1:
+        try:
+            frames = json.loads("[" + ",".join(payloads) + "]")
+            if len(frames) == len(payloads):
+                return frames
+        except ValueError:
+            pass
+    return [_loads(p) for p in payloads]
 
 
 def _loads(payload: str) -> Any:

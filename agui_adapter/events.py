@@ -15,17 +15,39 @@ Event = dict[str, Any]
 
 HEARTBEAT = b": heartbeat\n\n"
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+def _make_dumps() -> Any:
+    """Compact UTF-8 JSON. ``JSONEncoder.encode`` rebuilds its C encoder on every call;
+    on the streaming hot path the C encoder is built once and reused."""
+    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    c_encode_basestring = getattr(json.encoder, "c_encode_basestring", None)
+    if c_make_encoder is None or c_encode_basestring is None:
+        return encoder.encode
+
+    def fail(value: Any) -> Any:
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    make = c_make_encoder(None, fail, c_encode_basestring, None, ":", ",", False, False, False)
+
+    def dumps(value: Any) -> str:
+        return "".join(make(value, 0))
+
+    return dumps
+
+
+_dumps = _make_dumps()
 
 
 def encode(event: Event) -> bytes:
     """One SSE frame for one event."""
-    return b"data: " + _dumps(event).encode("utf-8") + b"\n\n"
+    return ("data: " + _dumps(event) + "\n\n").encode("utf-8", "replace")
 
 
 def encode_many(events: list[Event]) -> bytes:
     """Several frames as one chunk (one write per wake-up, design rule 5)."""
-    return b"".join([b"data: " + _dumps(e).encode("utf-8") + b"\n\n" for e in events])
+    # "replace": a lone surrogate from the kernel must not break the stream
+    return "".join(["data: " + _dumps(e) + "\n\n" for e in events]).encode("utf-8", "replace")
 
 
 def _event(kind: str, ts: int, **fields: Any) -> Event:

@@ -1,10 +1,12 @@
 """The reader thread of a run: owns the blocking kernel stream, feeds a bounded queue.
 
-The WSGI generator takes from the queue with a timeout (heartbeats), and drains
-everything already queued in one go (one chunk per wake-up). ``stop()`` unblocks the
-reader from any thread by closing the stream. When a run is abandoned before the
-kernel has said which task it is, ``cancel_when_known`` lets the reader keep going
-just long enough to learn the task id and hand it over for cancellation.
+The reader only does I/O: it queues the raw bytes of each network read, and the WSGI
+generator decodes and translates them after taking everything already queued in one
+go (one chunk per wake-up, heartbeats on timeout). Keeping the parsing on one thread
+avoids handing the GIL back and forth for every batch. ``stop()`` unblocks the reader
+from any thread by closing the stream. The reader does read the first frames itself,
+to learn the kernel task id: a run abandoned before the consumer saw it can still
+have its task cancelled (``cancel_when_known``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .a2a import KernelRejected, KernelStream, KernelUnavailable
+from .a2a import FrameReader, KernelRejected, KernelStream, KernelUnavailable
 
 log = logging.getLogger("agui_adapter.pump")
 
-Item = tuple[str, Any]  # ("frames", [frame, ...]) | ("end", None) | ("rejected", exc) | ("unavailable", exc)
+Item = tuple[str, Any]  # ("bytes", chunk) | ("end", None) | ("rejected", exc) | ("unavailable", exc)
 
 
 def _task_id(frame: Any) -> str | None:
@@ -47,6 +49,7 @@ class KernelPump(threading.Thread):
         self._lock = threading.Lock()
         self._stream: KernelStream | None = None
         self._on_task_id: Callable[[str], None] | None = None
+        self.task_id: str | None = None
 
     # --- reader side ------------------------------------------------------------------
     def run(self) -> None:
@@ -68,19 +71,24 @@ class KernelPump(threading.Thread):
         if stopped:
             stream.close()
             return
+        reader: FrameReader | None = FrameReader()
         try:
-            for batch in stream.batches():
-                callback = self._on_task_id
-                if callback is not None:
-                    for frame in batch:
+            for chunk in stream.chunks():
+                if reader is not None:  # only until the task id is known
+                    for frame in reader.feed(chunk):
                         task_id = _task_id(frame)
                         if task_id:
-                            self._on_task_id = None
-                            callback(task_id)
-                            stream.close()
-                            return
+                            self.task_id, reader = task_id, None
+                            break
+                callback = self._on_task_id
+                if callback is not None:
+                    if self.task_id:
+                        self._on_task_id = None
+                        callback(self.task_id)
+                        stream.close()
+                        return
                     continue
-                if not self._put(("frames", batch)):
+                if not self._put(("bytes", chunk)):
                     return
         except KernelUnavailable as exc:
             self._put(("unavailable", exc))
@@ -121,27 +129,13 @@ class KernelPump(threading.Thread):
 
     def cancel_when_known(self, callback: Callable[[str], None]) -> None:
         """Abandon the stream, but first learn its task id and pass it to ``callback``."""
+        if self.task_id:
+            self.stop()
+            callback(self.task_id)
+            return
         self._on_task_id = callback
         self._stopped.set()
-        # Frames already queued may name the task.
-        try:
-            while True:
-                kind, payload = self._queue.get_nowait()
-                if kind == "frames":
-                    for frame in payload:
-                        task_id = _task_id(frame)
-                        if task_id and self._on_task_id is not None:
-                            self._on_task_id = None
-                            callback(task_id)
-                            self.stop_now()
-                            return
-        except queue.Empty:
-            pass
         with self._lock:
             stream = self._stream
         if stream is not None and stream.closed:
             self._on_task_id = None  # the stream is over; nothing more will come
-
-    def stop_now(self) -> None:
-        self._on_task_id = None
-        self.stop()

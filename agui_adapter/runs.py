@@ -30,7 +30,7 @@ from . import events as ev
 from . import interrupts as intr
 from . import messages as msg
 from . import outbound
-from .a2a import KernelClient, KernelRejected, KernelStream, KernelUnavailable
+from .a2a import FrameReader, KernelClient, KernelRejected, KernelStream, KernelUnavailable
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError
@@ -292,6 +292,7 @@ class _RunStream:
         self.accepted_results: list[tuple[str, str]] = []
         self.new_inputs: list[dict[str, Any]] = []
         self.pump: KernelPump | None = None
+        self.reader = FrameReader()
         self.task_id = admission.record.execution.task_id
         self.session_id = admission.record.session_id
         self.session_emitted = False
@@ -358,6 +359,7 @@ class _RunStream:
             self._start_resume(out)
 
     def _open(self, open_stream: Callable[[], KernelStream]) -> None:
+        self.reader = FrameReader()
         self.pump = KernelPump(open_stream, name=f"kernel-pump-{self.adm.run_id[:16]}")
         self.pump.start()
 
@@ -365,12 +367,16 @@ class _RunStream:
         """Translate queued items; returns the final chunk when the run ends."""
         ts = self.engine._now_ms()
         for kind, payload in items:
-            if kind == "frames":
-                for frame in payload:
+            if kind == "bytes":
+                for frame in self.reader.feed(payload):
                     final = self._on_frame(frame, ts, out)
                     if final is not None:
                         return final
             elif kind == "end":
+                for frame in self.reader.close():
+                    final = self._on_frame(frame, ts, out)
+                    if final is not None:
+                        return final
                 if self.current_answer is not None and not self.current_answer.get("accepted"):
                     raise _Terminal("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
                 if self.answers and not (self.failed or self.canceled):

@@ -57,7 +57,7 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-@dataclass
+@dataclass(slots=True)
 class FrameInfo:
     """What one kernel frame says, independent of any run."""
 
@@ -73,35 +73,42 @@ class FrameInfo:
 
 
 def inspect_frame(frame: Any) -> FrameInfo:
-    """Classify one JSON-RPC response frame of the kernel's stream."""
-    if not isinstance(frame, dict):
-        return FrameInfo(kind="unknown", body={})
-    if "error" in frame and "result" not in frame:
-        error = frame.get("error")
-        return FrameInfo(kind="error", body={}, error=error if isinstance(error, dict) else {})
-    result = frame.get("result")
-    if not isinstance(result, dict):
-        return FrameInfo(kind="unknown", body={})
+    """Classify one JSON-RPC response frame of the kernel's stream (hot path: keep it lean)."""
+    result = frame.get("result") if type(frame) is dict else None
+    if type(result) is not dict:
+        if type(frame) is dict and "error" in frame:
+            error = frame["error"]
+            return FrameInfo("error", {}, error=error if isinstance(error, dict) else {})
+        return FrameInfo("unknown", {})
     kind, body = "unknown", result
     for name in _RESULT_KINDS:
         candidate = result.get(name)
-        if isinstance(candidate, dict):
+        if type(candidate) is dict:
             kind, body = name, candidate
             break
-    if kind == "unknown" and ("status" in result or "id" in result):
-        kind = "task"  # GetTask / CancelTask answer: result is the Task itself
-    info = FrameInfo(kind=kind, body=body)
-    info.task_id = _str(body.get("taskId")) or (_str(body.get("id")) if kind == "task" else None)
-    info.context_id = _str(body.get("contextId"))
+    else:
+        if "status" in result or "id" in result:
+            kind = "task"  # GetTask / CancelTask answer: result is the Task itself
+    task_id = body.get("taskId") or (body.get("id") if kind == "task" else None)
+    context_id = body.get("contextId")
+    info = FrameInfo(
+        kind,
+        body,
+        task_id=task_id if type(task_id) is str else None,
+        context_id=context_id if type(context_id) is str and context_id else None,
+    )
     status = body.get("status")
-    if isinstance(status, dict):
+    if type(status) is dict:
         info.state = normalize_state(status.get("state"))
     metadata = body.get("metadata")
-    iac = metadata.get("iac_code") if isinstance(metadata, dict) else None
-    if isinstance(iac, dict):
-        info.iac = iac = normalize_numbers(iac)
+    iac = metadata.get("iac_code") if type(metadata) is dict else None
+    if type(iac) is dict:
+        if len(iac) > 1 or "iacCodeSessionId" not in iac:  # most frames carry only the session id
+            iac = normalize_numbers(iac)
+        info.iac = iac
         info.session_id = _session_id(iac)
-        info.inputs = required_inputs(iac)
+        if "input" in iac or "pendingPermissions" in iac:
+            info.inputs = required_inputs(iac)
     return info
 
 
@@ -153,7 +160,11 @@ def status_text(body: dict[str, Any]) -> tuple[str | None, str]:
     parts = message.get("parts")
     if not isinstance(parts, list):
         return None, ""
-    text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if len(parts) == 1 and isinstance(parts[0], dict):
+        text = parts[0].get("text")
+        text = text if isinstance(text, str) else ""
+    else:
+        text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
     return _str(message.get("messageId")), text
 
 
@@ -185,7 +196,7 @@ class RunTranslator:
         # closed: its AG-UI ids get a suffix so that no id is reused on the thread.
         self._namespace = id_namespace
         self._prior_digests = frozenset(prior_text_digests)
-        self._shown: dict[str, str] = {}  # kernel message id -> text shown in this run
+        self._shown: dict[str, list[str]] = {}  # kernel message id -> pieces shown in this run
         self._used_ids: set[str] = set()
         self._text_alias: dict[str, str] = {}  # kernel message id -> AG-UI id in this run
         self._open_text: dict[str, None] = {}  # AG-UI ids, in opening order
@@ -248,13 +259,15 @@ class RunTranslator:
         self.emit_text(message_id or "assistant", text, ts, out)
 
     def emit_text(self, kernel_id: str, text: str, ts: int, out: list[Event]) -> None:
-        if kernel_id not in self._shown:
-            self._shown[kernel_id] = ""
+        shown = self._shown.get(kernel_id)
+        if shown is None:
             text = self._strip_shown_prefix(text)
-        self._shown[kernel_id] += text
+            shown = self._shown[kernel_id] = []
         if not text:
             return
-        self._close_reasoning(ts, out)
+        shown.append(text)
+        if self._open_reasoning:
+            self._close_reasoning(ts, out)
         agui_id = self._text_alias.get(kernel_id)
         if agui_id is None or agui_id not in self._open_text:
             if self._current_text is not None:
@@ -278,7 +291,8 @@ class RunTranslator:
 
     def text_digests(self) -> list[str]:
         """Digests of the text shown per kernel message (kept with an interrupt)."""
-        return sorted({_digest(t) for t in self._shown.values() if t} | self._prior_digests)
+        shown = {_digest("".join(pieces)) for pieces in self._shown.values() if pieces}
+        return sorted(shown | self._prior_digests)
 
     def _close_text(self, agui_id: str, ts: int, out: list[Event]) -> None:
         if agui_id in self._open_text:
