@@ -1,0 +1,149 @@
+"""The durable thread store: keys, atomic files, permissions, cross-process locks."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from agui_adapter.store import Execution, StoreError, ThreadRecord, ThreadStore, thread_key
+
+from .conftest import Client, run_body
+
+
+def record(thread_id: str = "t-1") -> ThreadRecord:
+    return ThreadRecord(
+        thread_id=thread_id,
+        context_id="agui-x",
+        cwd="/w",
+        user_id=None,
+        execution=Execution(execution_id="e1", ros_invocation_id="r1"),
+    )
+
+
+@pytest.mark.parametrize(
+    "thread_id",
+    ["thread-1", "THREAD", "../../etc/passwd", "CON", "a/b", ".", "..", "x" * 500, "中文", "nul.txt", "a" * 101],
+)
+def test_keys_never_escape_the_directory(thread_id: str) -> None:
+    key = thread_key(thread_id)
+    assert "/" not in key and key not in (".", "..") and len(key) <= 210
+    assert key == thread_key(thread_id)
+
+
+def test_distinct_ids_get_distinct_keys() -> None:
+    ids = ["Thread-1", "thread-1", "THREAD-1", "CON", "con"]
+    assert len({thread_key(i) for i in ids}) == len(ids)
+
+
+def test_round_trip_and_modes(tmp_path: Path) -> None:
+    store = ThreadStore(tmp_path / "state")
+    rec = record()
+    rec.remember_run("run-1", "d" * 64)
+    rec.execution.pending["p1"] = {"input": {"inputId": "p1"}, "interrupt": {"id": "p1"}}
+    store.save(rec)
+    loaded = store.load("t-1")
+    assert loaded == rec
+    path = store.path_for("t-1")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "state" / "threads").stat().st_mode & 0o777) == "0o700"
+    assert not [p for p in path.parent.iterdir() if p.suffix == ".tmp"]
+
+
+def test_corrupt_or_foreign_files_are_errors(tmp_path: Path) -> None:
+    store = ThreadStore(tmp_path)
+    store.save(record())
+    path = store.path_for("t-1")
+    path.write_text("{not json")
+    with pytest.raises(StoreError):
+        store.load("t-1")
+    data = record("other").to_json()
+    path.write_text(json.dumps(data))
+    with pytest.raises(StoreError):
+        store.load("t-1")
+
+
+def test_symlinked_state_file_is_refused(tmp_path: Path) -> None:
+    store = ThreadStore(tmp_path)
+    store.save(record())
+    target = tmp_path / "elsewhere.json"
+    os.replace(store.path_for("t-1"), target)
+    os.symlink(target, store.path_for("t-1"))
+    with pytest.raises(StoreError):
+        store.load("t-1")
+
+
+def test_histories_are_bounded(tmp_path: Path) -> None:
+    rec = record()
+    for i in range(1500):
+        rec.remember_run(f"r{i}", "d")
+        rec.remember_answer("e", f"i{i}", "d")
+        rec.execution.execution_id = f"e{i}"
+        rec.retire_execution()
+    assert len(rec.run_digests) == 1000 and "r1499" in rec.run_digests and "r0" not in rec.run_digests
+    assert len(rec.applied_answers) == 500 and len(rec.terminal_executions) == 200
+
+
+def _hold_lock(
+    root: str, thread_id: str, ready: multiprocessing.synchronize.Event, done: multiprocessing.synchronize.Event
+) -> None:  # type: ignore[name-defined]
+    lock = ThreadStore(Path(root)).try_lock_run(thread_id)
+    assert lock is not None
+    ready.set()
+    done.wait(10)
+
+
+def test_run_lock_holds_across_processes_and_dies_with_them(tmp_path: Path) -> None:
+    store = ThreadStore(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_hold_lock, args=(str(tmp_path), "t-1", ready, done))
+    child.start()
+    assert ready.wait(10)
+    assert store.try_lock_run("t-1") is None
+    assert store.try_lock_run("t-2") is not None
+    child.kill()
+    child.join(10)
+    lock = store.try_lock_run("t-1")  # a dead process leaves nothing stuck
+    assert lock is not None
+    assert store.try_lock_run("t-1") is None  # and in one process too
+    lock.release()
+    assert store.try_lock_run("t-1") is not None
+
+
+def test_corrupt_state_is_503(client: Client, workspace: Path, tmp_path: Path) -> None:
+    body = run_body(cwd=str(workspace), thread_id="thread-corrupt")
+    assert client.run(body).status == 200
+    (tmp_path / "state" / "threads" / "thread-corrupt.json").write_text("garbage")
+    result = client.run(run_body(cwd=str(workspace), thread_id="thread-corrupt"))
+    assert result.status == 503 and result.error["code"] == "STATE_UNAVAILABLE"
+
+
+def test_two_adapter_processes_share_one_state_dir(adapter_process, workspace: Path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    import requests
+
+    one, two = adapter_process(), adapter_process()
+    thread = "thread-two-procs"
+    statuses: list[int] = []
+
+    def go(url: str, i: int) -> None:
+        body = run_body("[SLOW]", thread_id=thread, cwd=str(workspace), run_id=f"r{i}")
+        with requests.post(url, json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30) as r:
+            statuses.append(r.status_code)
+            for _ in r.iter_content(None):
+                pass
+
+    workers = [threading.Thread(target=go, args=(u, i)) for i, u in enumerate([one.url, two.url] * 3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert sorted(statuses) == [200, 409, 409, 409, 409, 409]
+    # the winner's record is visible to the other process
+    again = Client(two.url).run(run_body(thread_id=thread, cwd=str(workspace)))
+    assert again.status == 200

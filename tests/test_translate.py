@@ -1,0 +1,202 @@
+"""The sans-I/O core fed with recorded frames of the real iac-code 0.16.0 kernel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agui_adapter import interrupts as intr
+from agui_adapter.sse import SSEDecoder
+from agui_adapter.translate import RunTranslator, inspect_frame, normalize_numbers, normalize_state
+
+from .agui_stream import check_stream
+
+DATA = Path(__file__).parent / "data" / "a2a"
+
+
+def frames(name: str) -> list[Any]:
+    decoder = SSEDecoder()
+    payloads = decoder.feed((DATA / name).read_bytes()) + decoder.close()
+    return [json.loads(p) for p in payloads]
+
+
+def translate(name: str, *, run_id: str = "run-1") -> tuple[list[dict], RunTranslator, list[Any]]:
+    translator = RunTranslator("thread-1", run_id)
+    events: list[dict] = [{"type": "RUN_STARTED", "timestamp": 1, "threadId": "thread-1", "runId": run_id}]
+    infos = []
+    for frame in frames(name):
+        info = inspect_frame(frame)
+        infos.append(info)
+        events.extend(translator.map(info, 2))
+    return events, translator, infos
+
+
+def test_sse_decoder_splits_anywhere() -> None:
+    raw = (DATA / "01-normal-text.sse.txt").read_bytes()
+    whole = SSEDecoder().feed(raw)
+    decoder = SSEDecoder()
+    pieces: list[str] = []
+    for i in range(0, len(raw), 7):
+        pieces += decoder.feed(raw[i : i + 7])
+    assert pieces == whole and len(whole) == 9
+
+
+def test_sse_decoder_crlf_comments_and_multiline() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b": ping - now\r\n\r\ndata: a\r\ndata: b\r") == []
+    assert decoder.feed(b"\n\r\nid: 3\nevent: x\ndata:c\n\n") == ["a\nb", "c"]
+    assert decoder.feed(b"data: tail") == [] and decoder.close() == ["tail"]
+
+
+def test_normal_turn_text_usage_and_final_repeat() -> None:
+    events, translator, infos = translate("01-normal-text.sse.txt")
+    texts = [e for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert "".join(e["delta"] for e in texts) == "Hello from the fake LLM."
+    assert len(texts) == 3  # the trailing full repeat is dropped
+    assert infos[-1].state == "input-required" and not infos[-1].inputs
+    assert infos[0].kind == "task" and infos[0].task_id == infos[1].task_id
+    assert infos[1].session_id == "dd97ed64-5e3b-4779-b029-b396c8605df6"
+    events += translator.finish(3, {"type": "success"})
+    check_stream(events)
+    usage = events[-1]["usage"]
+    assert usage == [
+        {
+            "provider": "openai",
+            "model": "other",
+            "inputTokens": 11,
+            "outputTokens": 7,
+            "totalTokens": 18,
+            "cachedInputTokens": 0,
+        }
+    ]
+
+
+def test_final_repeat_is_used_when_no_delta_was_shown() -> None:
+    translator = RunTranslator("t", "r")
+    final = [f for f in frames("01-normal-text.sse.txt") if "assistantFinal" in json.dumps(f)]
+    events = translator.map(inspect_frame(final[0]), 1)
+    assert [e["type"] for e in events] == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]
+    assert events[1]["delta"] == "Hello from the fake LLM."
+
+
+def test_raw_thinking_becomes_reasoning_closed_by_text() -> None:
+    events, translator, _ = translate("32-thinking-raw.sse.txt")
+    events += translator.finish(3, {"type": "success"})
+    check_stream(events)
+    types = [e["type"] for e in events]
+    assert types[1:5] == [
+        "REASONING_START",
+        "REASONING_MESSAGE_START",
+        "REASONING_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_CONTENT",
+    ]
+    assert types.index("REASONING_END") < types.index("TEXT_MESSAGE_START")
+
+
+def test_permission_wait_tool_trace_and_input() -> None:
+    events, translator, infos = translate("02-permission.sse.txt")
+    last = infos[-1]
+    assert last.state == "input-required"
+    [kernel_input] = last.inputs
+    assert kernel_input["schemaVersion"] == 1 and isinstance(kernel_input["schemaVersion"], int)
+    [start] = [e for e in events if e["type"] == "TOOL_CALL_START"]
+    [args] = [e for e in events if e["type"] == "TOOL_CALL_ARGS"]
+    assert start["toolCallName"] == "write_file" and start["parentMessageId"].endswith("-message")
+    assert json.loads(args["delta"]) == {"content": "hello from fake llm\n", "path": "hello.txt"}
+    interrupt = intr.build_interrupt(kernel_input, expires_at="2030-01-01T00:00:00Z", language="en")
+    assert interrupt["id"] == kernel_input["inputId"] and interrupt["toolCallId"] == "call_fake_write_1"
+    assert interrupt["reason"] == "tool_call" and interrupt["message"] == "Change a workspace file Allow once?"
+    assert interrupt["metadata"]["title"] == "Change a workspace file"
+    events += translator.finish(3, {"type": "interrupt", "interrupts": [interrupt]})
+    check_stream(events)
+
+
+def test_resumed_stream_reports_the_tool_result_and_artifact() -> None:
+    events, translator, infos = translate("04-permission-allow.sse.txt", run_id="run-2")
+    events += translator.finish(3, {"type": "success"})
+    check_stream(events)
+    [result] = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["toolCallId"] == "call_fake_write_1" and result["content"].startswith("Successfully wrote")
+    [artifact] = [e for e in events if e["type"] == "CUSTOM"]
+    assert artifact["name"] == "iac-code.artifact.v1" and artifact["value"]["artifactId"]
+    assert artifact["value"]["metadata"]["byteSize"] == 20
+
+
+def test_cancel_and_failure_texts_are_not_answers() -> None:
+    events, translator, infos = translate("12-cancel-during-stream.sse.txt")
+    assert infos[-1].state == "canceled"
+    assert "Task canceled." not in json.dumps(events)
+    events, translator, infos = translate("23-llm-http500.sse.txt")
+    assert "failed" in [i.state for i in infos]
+    assert translator.failure_detail and "500" in translator.failure_detail
+    assert not [e for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    events += translator.fail(3, "A2A_EXECUTION_FAILED", "failed")
+    check_stream(events)
+
+
+def test_error_frames_are_not_identities() -> None:
+    raw = json.loads((DATA / "18-permission-wrong-inputid.response.txt").read_text())
+    info = inspect_frame(raw)
+    assert info.kind == "error" and info.task_id is None and info.error["code"] == -32602
+
+
+def test_get_task_snapshot_is_a_task() -> None:
+    info = inspect_frame(json.loads((DATA / "03-gettask-while-permission-pending.json").read_text()))
+    assert info.kind == "task" and info.state == "input-required" and info.inputs
+
+
+def test_ids_are_never_reused_within_a_run() -> None:
+    translator = RunTranslator("t", "r")
+    out: list[dict] = []
+    translator.emit_text("m1", "a", 1, out)
+    translator.emit_text("m2", "b", 1, out)  # closes m1 (non-parallel)
+    translator.emit_text("m1", "c", 1, out)  # m1 again: a fresh id
+    starts = [e["messageId"] for e in out if e["type"] == "TEXT_MESSAGE_START"]
+    assert len(starts) == len(set(starts)) == 3
+
+
+def test_shown_prefix_is_not_repeated_after_an_interrupt() -> None:
+    first = RunTranslator("t", "r1")
+    first.emit_text("m", "Deploying", 1, [])
+    second = RunTranslator("t", "r2", id_namespace="x", prior_text_digests=first.text_digests())
+    out: list[dict] = []
+    second.emit_text("m", "Deploying... done", 1, out)
+    assert [e["delta"] for e in out if e["type"] == "TEXT_MESSAGE_CONTENT"] == ["... done"]
+    assert out[0]["messageId"] == "m@x"
+
+
+@pytest.mark.parametrize(
+    "raw,expected", [("TASK_STATE_INPUT_REQUIRED", "input-required"), ("TASK_STATE_CANCELED", "canceled"), (None, None)]
+)
+def test_state_normalisation(raw: Any, expected: Any) -> None:
+    assert normalize_state(raw) == expected
+
+
+def test_numbers_are_normalised() -> None:
+    assert normalize_numbers({"a": [1.0, 2.5, {"b": 3.0}], "c": True}) == {"a": [1, 2.5, {"b": 3}], "c": True}
+
+
+def test_question_schema_accepts_options_or_free_text() -> None:
+    import jsonschema
+
+    kernel_input = {
+        "kind": "ask_user_question",
+        "inputId": "ask-1",
+        "prompt": "Which?",
+        "allowFreeText": True,
+        "options": [{"id": "a", "label": "A"}, {"id": "a", "label": "A again"}, {"label": "no id"}],
+    }
+    interrupt = intr.build_interrupt(kernel_input, expires_at="2030-01-01T00:00:00Z", language="en")
+    schema = interrupt["responseSchema"]
+    ids = [o["id"] for o in interrupt["metadata"]["options"]]
+    assert ids == ["a", "a-2", "2"]
+    for ok in ({"selectedId": "a-2"}, {"freeText": "x"}):
+        jsonschema.validate(ok, schema)
+    for bad in ({}, {"selectedId": "zzz"}, {"freeText": ""}, {"selectedId": "a", "freeText": "x"}, {"other": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    assert intr.answer_text(kernel_input, {"selectedId": "a-2"}) == "A again"
+    assert intr.answer_text(kernel_input, {"freeText": "hi"}) == "hi"
