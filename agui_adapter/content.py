@@ -49,9 +49,7 @@ _MAX_SHOWN_MIME = 64
 _MAX_PIXELS = 64_000_000
 
 _WINDOWS_RESERVED = frozenset(
-    {"CON", "PRN", "AUX", "NUL"}
-    | {f"COM{i}" for i in range(1, 10)}
-    | {f"LPT{i}" for i in range(1, 10)}
+    {"CON", "PRN", "AUX", "NUL"} | {f"COM{i}" for i in range(1, 10)} | {f"LPT{i}" for i in range(1, 10)}
 )
 _FORBIDDEN_FILENAME_CHARS = frozenset('/\\<>:"|?*')
 

@@ -86,9 +86,7 @@ def parse_accept_language(header: str | None, default: str) -> str:
     return default if best is None else best
 
 
-def negotiate_language(
-    accept_language: str | None, preferred: object, default: str = "en"
-) -> str:
+def negotiate_language(accept_language: str | None, preferred: object, default: str = "en") -> str:
     """The language of one request.
 
     ``preferred`` (``forwardedProps.iacCode.preferredLanguage``) wins if it names a
@@ -144,11 +142,7 @@ def translate(language: str, template: str, /, **params: object) -> str:
 def _placeholders(template: str) -> set[str] | None:
     """The placeholder names of a template, or ``None`` if it does not parse."""
     try:
-        return {
-            field
-            for _, field, _, _ in string.Formatter().parse(template)
-            if field is not None
-        }
+        return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
     except ValueError:
         return None
 
@@ -176,9 +170,7 @@ def _check_catalogs() -> list[str]:
             if not translation.strip():
                 problems.append(f"{language}: empty translation for {name}")
             elif _placeholders(translation) != _placeholders(template):
-                problems.append(
-                    f"{language}: placeholders differ for {name}: {translation!r}"
-                )
+                problems.append(f"{language}: placeholders differ for {name}: {translation!r}")
         for key in sorted(set(catalog) - set(by_template)):
             problems.append(f"{language}: stale entry: {key!r}")
     return problems
@@ -186,9 +178,7 @@ def _check_catalogs() -> list[str]:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     """``python -m agui_adapter.i18n [--check]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m agui_adapter.i18n", description="Inspect the message catalogs."
-    )
+    parser = argparse.ArgumentParser(prog="python -m agui_adapter.i18n", description="Inspect the message catalogs.")
     parser.add_argument(
         "--check",
         action="store_true",

@@ -158,8 +158,7 @@ _MAX_KEY_SHOWN = 64
 _VALIDATOR_RANK = {
     name: rank
     for rank, name in enumerate(
-        ("type", "required", "additionalProperties", "const", "enum", "minLength",
-         "maxLength", "minimum")
+        ("type", "required", "additionalProperties", "const", "enum", "minLength", "maxLength", "minimum")
     )
 }
 
@@ -372,7 +371,5 @@ def request_digest(payload: dict[str, Any]) -> str:
     that only refreshes an STS token or API key is the *same* request, and no secret is
     hashed into stored state. Lone surrogates (legal in parsed JSON) are kept as is.
     """
-    canonical = json.dumps(
-        redact_secrets(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":")
-    )
+    canonical = json.dumps(redact_secrets(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()

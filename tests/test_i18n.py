@@ -45,11 +45,7 @@ def _load(language: str) -> dict[str, str]:
 
 
 def _placeholders(template: str) -> set[str]:
-    return {
-        field
-        for _, field, _, _ in string.Formatter().parse(template)
-        if field is not None
-    }
+    return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
 
 
 # --- catalogs ------------------------------------------------------------------------
@@ -63,11 +59,7 @@ def test_supported_languages() -> None:
 @pytest.mark.parametrize("language", TRANSLATED)
 def test_catalog_covers_every_message(language: str) -> None:
     catalog = _load(language)
-    missing = {
-        name: template
-        for name, template in messages.all_messages().items()
-        if template not in catalog
-    }
+    missing = {name: template for name, template in messages.all_messages().items() if template not in catalog}
     assert not missing, f"{language} lacks translations for {sorted(missing)}"
 
 
@@ -99,9 +91,7 @@ def test_translations_keep_technical_tokens(language: str) -> None:
 @pytest.mark.parametrize("language", TRANSLATED)
 def test_catalog_file_is_canonical_json(language: str) -> None:
     text = (LOCALES / f"{language}.json").read_text(encoding="utf-8")
-    canonical = json.dumps(
-        json.loads(text), ensure_ascii=False, indent=2, sort_keys=True
-    )
+    canonical = json.dumps(json.loads(text), ensure_ascii=False, indent=2, sort_keys=True)
     assert text.rstrip("\n") == canonical
 
 
@@ -110,12 +100,8 @@ def test_check_command_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "all catalogs complete" in capsys.readouterr().out
 
 
-def test_check_command_reports_new_message(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(
-        messages, "BRAND_NEW_MESSAGE", "Brand new {thing}.", raising=False
-    )
+def test_check_command_reports_new_message(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(messages, "BRAND_NEW_MESSAGE", "Brand new {thing}.", raising=False)
     assert i18n._main(["--check"]) == 1
     out = capsys.readouterr().out
     for language in TRANSLATED:
@@ -229,20 +215,12 @@ def test_unsupported_default_means_english() -> None:
 
 def test_translate_english_is_identity() -> None:
     assert i18n.translate("en", messages.NOT_FOUND) == messages.NOT_FOUND
-    assert i18n.translate("en", messages.FIELD_REQUIRED, field="threadId") == (
-        "threadId is required."
-    )
+    assert i18n.translate("en", messages.FIELD_REQUIRED, field="threadId") == ("threadId is required.")
 
 
 def test_translate_with_params_zh() -> None:
-    assert (
-        i18n.translate("zh", messages.FIELD_REQUIRED, field="threadId")
-        == "必须提供 threadId。"
-    )
-    assert (
-        i18n.translate("zh", messages.IMAGE_TOO_LARGE, limit=5)
-        == "图片超过大小上限 5 MiB。"
-    )
+    assert i18n.translate("zh", messages.FIELD_REQUIRED, field="threadId") == "必须提供 threadId。"
+    assert i18n.translate("zh", messages.IMAGE_TOO_LARGE, limit=5) == "图片超过大小上限 5 MiB。"
     assert i18n.translate("zh", messages.CANCELLED) == "执行已取消。"
 
 
@@ -262,9 +240,7 @@ def test_translate_accepts_regional_tags() -> None:
 
 def test_translate_falls_back_to_english() -> None:
     assert i18n.translate("klingon", messages.CANCELLED) == messages.CANCELLED
-    assert i18n.translate("zh", "Not a catalogued {thing}.", thing="message") == (
-        "Not a catalogued message."
-    )
+    assert i18n.translate("zh", "Not a catalogued {thing}.", thing="message") == ("Not a catalogued message.")
 
 
 @pytest.mark.parametrize("language", i18n.SUPPORTED_LANGUAGES)
@@ -274,10 +250,7 @@ def test_translate_never_raises_on_bad_params(language: str) -> None:
     assert i18n.translate(language, messages.FIELD_TOO_LONG, field="x") == translated
     assert i18n.translate(language, "Stray { brace", x=1) == "Stray { brace"
     assert i18n.translate(language, "Positional {0}", x=1) == "Positional {0}"
-    assert (
-        i18n.translate(language, "Attribute {x.missing}", x=1)
-        == "Attribute {x.missing}"
-    )
+    assert i18n.translate(language, "Attribute {x.missing}", x=1) == "Attribute {x.missing}"
     assert i18n.translate(language, "Spec {x:d}", x="text") == "Spec {x:d}"
 
 
@@ -296,16 +269,11 @@ def test_translation_is_per_call_across_threads() -> None:
 
     def worker(language: str) -> set[str]:
         barrier.wait(timeout=10)
-        return {
-            i18n.translate(language, messages.FIELD_REQUIRED, field="runId")
-            for _ in range(500)
-        }
+        return {i18n.translate(language, messages.FIELD_REQUIRED, field="runId") for _ in range(500)}
 
     with ThreadPoolExecutor(max_workers=len(languages)) as pool:
         futures = {language: pool.submit(worker, language) for language in languages}
-        results = {
-            language: future.result(timeout=30) for language, future in futures.items()
-        }
+        results = {language: future.result(timeout=30) for language, future in futures.items()}
     expected = {
         "zh": {"必须提供 runId。"},
         "fr": {"runId est obligatoire."},

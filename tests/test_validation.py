@@ -184,14 +184,21 @@ def test_null_optionals_are_treated_as_absent() -> None:
     nulls = {
         key: None
         for key in (
-            "model", "llmApiKey", "llmHeaders", "thinking", "userId", "channel",
-            "preferredLanguage", "candidatePresentation", "runMode", "pipelineName", "alibabaCloud",
+            "model",
+            "llmApiKey",
+            "llmHeaders",
+            "thinking",
+            "userId",
+            "channel",
+            "preferredLanguage",
+            "candidatePresentation",
+            "runMode",
+            "pipelineName",
+            "alibabaCloud",
         )
     }
     props = validate_run_input(with_props(**nulls)).props
-    assert props == IacCodeProps(
-        schema_version=1, ros_invocation_id="invocation-1", cwd="/workspace/session-1"
-    )
+    assert props == IacCodeProps(schema_version=1, ros_invocation_id="invocation-1", cwd="/workspace/session-1")
 
 
 def test_null_members_of_nested_objects_are_dropped() -> None:
@@ -399,7 +406,7 @@ def test_schema_version_must_be_the_integer_one(value: object) -> None:
 
 
 def test_schema_version_from_json_text() -> None:
-    for text in ('1.0', 'true'):
+    for text in ("1.0", "true"):
         payload = body()
         payload["forwardedProps"]["iacCode"]["schemaVersion"] = json.loads(text)
         assert_refused(payload, messages.FIELD_CONST, field=f"{P}.schemaVersion")
@@ -407,9 +414,7 @@ def test_schema_version_from_json_text() -> None:
 
 def test_ros_invocation_id_rules() -> None:
     assert_refused(with_props(rosInvocationId=""), messages.FIELD_NOT_EMPTY, field=f"{P}.rosInvocationId")
-    error = assert_refused(
-        with_props(rosInvocationId="x" * 257), messages.FIELD_TOO_LONG, field=f"{P}.rosInvocationId"
-    )
+    error = assert_refused(with_props(rosInvocationId="x" * 257), messages.FIELD_TOO_LONG, field=f"{P}.rosInvocationId")
     assert error.params["limit"] == 256
     validate_run_input(with_props(rosInvocationId="é" * 256))  # code points, not bytes
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs the peers the slow test suites need, only when missing (idempotent):
+#   * the real iac-code 0.16.0 kernel in a venv     (tests/realkernel, marker realkernel)
+#       $AGUI_IAC_CODE_VENV, default ~/.cache/agui-adapter/iac-code-0.16.0
+#   * the official AG-UI TS client @ag-ui/client 1.0.0 (tests/agui_check, marker official_client)
+#       $AGUI_NODE_MODULES, default ~/.cache/agui-adapter/node/node_modules
+# The a2a-sdk pin is required: iac-code 0.16.0 resolves a2a-sdk 1.3.0, with which the
+# kernel dies at start-up (ImportError: encode_page_token).
+# Env: PYTHON (default python3) creates the venv. Exits non-zero, loudly, on any failure.
+set -euo pipefail
+
+KERNEL_VERSION="0.16.0"
+A2A_SDK_VERSION="1.2.0"
+AGUI_CLIENT_VERSION="1.0.0"
+PYTHON="${PYTHON:-python3}"
+VENV="${AGUI_IAC_CODE_VENV:-$HOME/.cache/agui-adapter/iac-code-${KERNEL_VERSION}}"
+NODE_MODULES="${AGUI_NODE_MODULES:-$HOME/.cache/agui-adapter/node/node_modules}"
+NODE_PREFIX="$(dirname "$NODE_MODULES")"
+
+log() { printf 'setup-peers: %s\n' "$*"; }
+die() { printf 'setup-peers: ERROR: %s\n' "$*" >&2; exit 1; }
+trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
+
+kernel_ok() {
+  [ -x "$VENV/bin/iac-code" ] && [ -x "$VENV/bin/python" ] &&
+    "$VENV/bin/python" - "$KERNEL_VERSION" "$A2A_SDK_VERSION" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(0 if (version("iac-code"), version("a2a-sdk")) == (sys.argv[1], sys.argv[2]) else 1)
+EOF
+}
+
+setup_kernel() {
+  if kernel_ok; then
+    log "kernel: iac-code ${KERNEL_VERSION} + a2a-sdk ${A2A_SDK_VERSION} already in $VENV (nothing to do)"
+    return
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$PYTHON" >/dev/null || die "$PYTHON not found (needed to create the kernel venv)"
+    log "kernel: creating venv $VENV"
+    "$PYTHON" -m venv "$VENV"
+  else
+    log "kernel: venv $VENV exists but the pinned packages are missing; installing them"
+  fi
+  log "kernel: pip install 'iac-code[a2a]==${KERNEL_VERSION}' 'a2a-sdk[http-server,signing]==${A2A_SDK_VERSION}' (takes ~1-2 min)"
+  "$VENV/bin/pip" install --disable-pip-version-check -q \
+    "iac-code[a2a]==${KERNEL_VERSION}" "a2a-sdk[http-server,signing]==${A2A_SDK_VERSION}"
+  kernel_ok || die "kernel venv $VENV still lacks iac-code ${KERNEL_VERSION} / a2a-sdk ${A2A_SDK_VERSION} after install"
+  log "kernel: installed ($("$VENV/bin/iac-code" --version 2>/dev/null | head -n 1 || echo "iac-code ${KERNEL_VERSION}"))"
+}
+
+node_package_version() {
+  node -e 'try { process.stdout.write(require(process.argv[1]).version) } catch { process.exit(1) }' \
+    "$NODE_MODULES/$1/package.json" 2>/dev/null
+}
+
+node_ok() {
+  [ "$(node_package_version @ag-ui/client || true)" = "$AGUI_CLIENT_VERSION" ] &&
+    [ "$(node_package_version @ag-ui/core || true)" = "$AGUI_CLIENT_VERSION" ]
+}
+
+setup_node() {
+  command -v node >/dev/null || die "node not found (the official-client check needs Node.js >= 18)"
+  node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' ||
+    die "node $(node --version) is too old (need >= 18 for fetch/ReadableStream)"
+  if node_ok; then
+    log "node: @ag-ui/client@${AGUI_CLIENT_VERSION} + @ag-ui/core@${AGUI_CLIENT_VERSION} already in $NODE_MODULES (nothing to do)"
+    return
+  fi
+  command -v npm >/dev/null || die "npm not found (needed to install @ag-ui/client)"
+  mkdir -p "$NODE_PREFIX"
+  log "node: npm install --prefix $NODE_PREFIX @ag-ui/client@${AGUI_CLIENT_VERSION} @ag-ui/core@${AGUI_CLIENT_VERSION}"
+  npm install --prefix "$NODE_PREFIX" --no-audit --no-fund --save-exact --loglevel=error \
+    "@ag-ui/client@${AGUI_CLIENT_VERSION}" "@ag-ui/core@${AGUI_CLIENT_VERSION}"
+  node_ok || die "@ag-ui/client/@ag-ui/core ${AGUI_CLIENT_VERSION} still missing from $NODE_MODULES after npm install"
+  log "node: installed into $NODE_MODULES"
+}
+
+setup_kernel
+setup_node
+log "done (AGUI_IAC_CODE_VENV=$VENV AGUI_NODE_MODULES=$NODE_MODULES)"

@@ -1,0 +1,1 @@
+"""The project's official-client checker: AG-UI SSE streams replayed through ``@ag-ui/client``."""

@@ -1,0 +1,463 @@
+"""A scripted OpenAI-compatible chat-completions server for the project's real-kernel tests.
+
+The iac-code kernel is pointed at this server (provider "OpenAI Compatible") so that a whole
+A2A turn runs offline and deterministically. The reply is chosen from the conversation the
+kernel sends, using markers in the latest user message:
+
+``[PIPE-ASK]``  (pipeline turn: the tools include ``ask_user_question`` and ``complete_step``)
+                ``ask_user_question`` with the options cn-hangzhou / cn-shanghai; once that
+                question has been answered, ``complete_step``.
+(tool result)   when the last message is a tool result: "Tool finished. Result: <result>".
+``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
+                408/409/429, and neither does the OpenAI SDK, so the turn fails at once.
+``[WRITE]``     a streamed ``write_file`` tool call (path ``hello.txt``); the kernel asks for
+                permission before running it.
+``[THINK]``     ``reasoning_content`` deltas, then the default text.
+``[SLOW]``      one text chunk per ``slow_interval`` seconds, ``slow_chunks`` times
+                (defaults 1.0 s x 10; env ``FAKE_LLM_SLOW_INTERVAL`` / ``FAKE_LLM_SLOW_CHUNKS``).
+``[RECALL]``    "I have seen N user messages." (N = user messages in the request).
+``[IMAGE]``     "I see N image(s)." (N = image content parts in the request).
+(default)       "Hello from the fake LLM." in three chunks.
+
+Every POST is appended to the log file as one JSON line
+(``{"time", "path", "model", "stream", "tools", "messages", "behaviour"}``) so tests can
+assert how often the LLM ran and what it saw.
+
+Use it as a library (``FakeLLM(log_path).start() -> base_url``, ``.stop()``) or run it:
+``python tests/fake_llm.py PORT [LOG_PATH]`` prints the base URL and serves until Ctrl-C
+(the log path defaults to env ``FAKE_LLM_LOG`` or ``fake-llm-requests.jsonl`` in the temp dir).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+MODEL_ID = "fake-model"
+DEFAULT_TEXT = ("Hello", " from the", " fake LLM.")
+WRITE_PATH = "hello.txt"
+WRITE_CONTENT = "hello from the fake llm\n"
+ASK_QUESTION = "Which region should host the site?"
+ASK_OPTIONS = (
+    {"id": "hz", "label": "cn-hangzhou"},
+    {"id": "sh", "label": "cn-shanghai"},
+)
+FAIL_STATUS = 400
+FAIL_BODY = {
+    "error": {
+        "message": "scripted non-retryable failure from the fake LLM",
+        "type": "invalid_request_error",
+        "code": "fake_llm_failure",
+    }
+}
+USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of one chat message (string content or the text parts of a list)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type", "text") == "text"
+        )
+    return ""
+
+
+def count_images(messages: list[dict[str, Any]]) -> int:
+    """Image content parts (``image_url`` / ``input_image`` / ``image``) in all messages."""
+    count = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            count += sum(
+                1
+                for part in content
+                if isinstance(part, dict) and part.get("type") in {"image_url", "input_image", "image"}
+            )
+    return count
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    """Function names of the tools offered in a request."""
+    names: list[str] = []
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict):
+            name = (tool.get("function") or {}).get("name") or tool.get("name")
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+@dataclass
+class Reply:
+    """What to answer one chat-completions request with."""
+
+    behaviour: str
+    deltas: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    delay: float = 0.0
+    error_status: int | None = None
+    error_body: dict[str, Any] | None = None
+
+
+def _text_deltas(pieces: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
+    return [{"content": piece} for piece in pieces]
+
+
+def _tool_call_deltas(call_id: str, name: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tool call streamed the way OpenAI does: header first, then the arguments in two pieces."""
+    raw = json.dumps(arguments)
+    half = len(raw) // 2
+    return [
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": raw[:half]}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": raw[half:]}}]},
+    ]
+
+
+class Script:
+    """Chooses a :class:`Reply` from a request body; holds the per-server counters."""
+
+    def __init__(self, slow_interval: float, slow_chunks: int) -> None:
+        self.slow_interval = slow_interval
+        self.slow_chunks = slow_chunks
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def _call_id(self, kind: str) -> str:
+        with self._lock:
+            return f"call_fake_{kind}_{next(self._ids)}"
+
+    def plan(self, body: dict[str, Any]) -> Reply:
+        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        last = messages[-1] if messages else {}
+        user_texts = [message_text(m) for m in messages if m.get("role") == "user"]
+        last_user = user_texts[-1] if user_texts else ""
+        names = set(tool_names(body))
+        after_tool = last.get("role") == "tool"
+
+        if any("[PIPE-ASK]" in t for t in user_texts) and {"ask_user_question", "complete_step"} <= names:
+            return self._pipe_ask(messages)
+        if after_tool:
+            result = message_text(last)[:200]
+            return Reply("tool-result", _text_deltas(["Tool finished. ", "Result: ", result]))
+        if "[FAIL]" in last_user:
+            return Reply("fail", error_status=FAIL_STATUS, error_body=FAIL_BODY)
+        if "[WRITE]" in last_user:
+            deltas = _text_deltas(["I will write the file now."])
+            deltas += _tool_call_deltas(
+                self._call_id("write"),
+                "write_file",
+                {"path": WRITE_PATH, "content": WRITE_CONTENT},
+            )
+            return Reply("write", deltas, finish_reason="tool_calls")
+        if "[THINK]" in last_user:
+            deltas = [
+                {"reasoning_content": "Let me think"},
+                {"reasoning_content": " about this."},
+            ]
+            return Reply("think", deltas + _text_deltas(DEFAULT_TEXT))
+        if "[SLOW]" in last_user:
+            pieces = [f"Chunk {i + 1}. " for i in range(self.slow_chunks)]
+            return Reply("slow", _text_deltas(pieces), delay=self.slow_interval)
+        if "[RECALL]" in last_user:
+            return Reply(
+                "recall",
+                _text_deltas([f"I have seen {len(user_texts)} user messages."]),
+            )
+        if "[IMAGE]" in last_user:
+            return Reply("image", _text_deltas([f"I see {count_images(messages)} image(s)."]))
+        return Reply("default", _text_deltas(DEFAULT_TEXT))
+
+    def _pipe_ask(self, messages: list[dict[str, Any]]) -> Reply:
+        asked = any(
+            (call.get("function") or {}).get("name") == "ask_user_question"
+            for m in messages
+            if m.get("role") == "assistant"
+            for call in m.get("tool_calls") or []
+            if isinstance(call, dict)
+        )
+        deltas = _text_deltas(["Working on the step."])
+        if not asked:
+            arguments: dict[str, Any] = {
+                "question": ASK_QUESTION,
+                "options": [dict(o) for o in ASK_OPTIONS],
+                "allow_free_text": True,
+            }
+            deltas += _tool_call_deltas(self._call_id("ask"), "ask_user_question", arguments)
+            return Reply("pipe-ask", deltas, finish_reason="tool_calls")
+        conclusion = {
+            "is_infra_intent": False,
+            "confidence": "high",
+            "category": "chat",
+            "rejection_reason": "scripted fake LLM conclusion",
+            "user_message_summary": "scripted pipeline test",
+        }
+        deltas += _tool_call_deltas(self._call_id("complete"), "complete_step", {"conclusion": conclusion})
+        return Reply("pipe-complete", deltas, finish_reason="tool_calls")
+
+
+def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": MODEL_ID,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def _completion(reply: Reply) -> dict[str, Any]:
+    """A non-streaming response equivalent to ``reply`` (tool calls merged)."""
+    text = "".join(d.get("content", "") for d in reply.deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in reply.deltas)
+    calls: list[dict[str, Any]] = []
+    for delta in reply.deltas:
+        for call in delta.get("tool_calls") or []:
+            if "id" in call:
+                calls.append(
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": dict(call["function"]),
+                    }
+                )
+            else:
+                calls[-1]["function"]["arguments"] += call["function"]["arguments"]
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": MODEL_ID,
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+        "usage": dict(USAGE),
+    }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], log_path: Path, script: Script) -> None:
+        super().__init__(address, _Handler)
+        self.log_path = log_path
+        self.script = script
+        self.log_lock = threading.Lock()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the per-request access log."""
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        raw = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0].rstrip("/").endswith("/models"):
+            model = {
+                "id": MODEL_ID,
+                "object": "model",
+                "owned_by": "fake",
+                # read by the kernel's multimodal probe (OpenAI-compatible auto-detect)
+                "architecture": {
+                    "input_modalities": ["text", "image"],
+                    "output_modalities": ["text"],
+                },
+            }
+            self._send_json(200, {"object": "list", "data": [model]})
+        else:
+            self._send_json(404, {"error": {"message": "not found", "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            self._send_json(
+                400,
+                {"error": {"message": "invalid JSON", "type": "invalid_request_error"}},
+            )
+            return
+        is_chat = self.path.split("?")[0].rstrip("/").endswith("/chat/completions")
+        reply = self.server.script.plan(body) if is_chat else Reply("not-found")
+        self._log(body, reply)
+        if not is_chat:
+            self._send_json(404, {"error": {"message": "not found", "type": "not_found"}})
+            return
+        if reply.error_status is not None:
+            self._send_json(reply.error_status, reply.error_body or {})
+            return
+        if not body.get("stream"):
+            self._send_json(200, _completion(reply))
+            return
+        self._stream(reply)
+
+    def _log(self, body: dict[str, Any], reply: Reply) -> None:
+        entry = {
+            "time": time.time(),
+            "path": self.path,
+            "model": body.get("model"),
+            "stream": bool(body.get("stream")),
+            "tools": tool_names(body),
+            "messages": body.get("messages") or [],
+            "behaviour": reply.behaviour,
+        }
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        with (
+            self.server.log_lock,
+            self.server.log_path.open("a", encoding="utf-8") as fh,
+        ):
+            fh.write(line)
+
+    def _stream(self, reply: Reply) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        frames = [_chunk({"role": "assistant", "content": ""})]
+        frames += [_chunk(delta) for delta in reply.deltas]
+        frames.append(_chunk({}, reply.finish_reason))
+        usage = {k: v for k, v in _chunk({}).items() if k != "choices"}
+        frames.append({**usage, "choices": [], "usage": dict(USAGE)})
+        try:
+            for index, frame in enumerate(frames):
+                if reply.delay and 0 < index < len(frames) - 2:
+                    time.sleep(reply.delay)
+                self.wfile.write(b"data: " + json.dumps(frame).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+
+class FakeLLM:
+    """The fake LLM server, run on a background thread on 127.0.0.1."""
+
+    def __init__(
+        self,
+        log_path: str | os.PathLike[str],
+        *,
+        port: int = 0,
+        slow_interval: float | None = None,
+        slow_chunks: int | None = None,
+    ) -> None:
+        self.log_path = Path(log_path)
+        self.port = port
+        if slow_interval is None:
+            slow_interval = float(os.environ.get("FAKE_LLM_SLOW_INTERVAL", "1.0"))
+        if slow_chunks is None:
+            slow_chunks = int(os.environ.get("FAKE_LLM_SLOW_CHUNKS", "10"))
+        self.script = Script(slow_interval, slow_chunks)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1`` (valid after :meth:`start`)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> str:
+        """Bind, start serving on a daemon thread, and return the base URL."""
+        if self._server is not None:
+            return self.base_url
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.touch()
+        self._server = _Server(("127.0.0.1", self.port), self.log_path, self.script)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-llm", daemon=True)
+        self._thread.start()
+        return self.base_url
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def requests(self) -> list[dict[str, Any]]:
+        """All logged chat-completions requests, oldest first."""
+        return read_log(self.log_path)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def read_log(log_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Parse a request log written by the fake LLM (chat-completions requests only)."""
+    path = Path(log_path)
+    if not path.exists():
+        return []
+    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [e for e in entries if str(e.get("path", "")).split("?")[0].rstrip("/").endswith("/chat/completions")]
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/fake_llm.py [PORT] [LOG_PATH]``: serve until interrupted."""
+    port = int(argv[1]) if len(argv) > 1 else 0
+    default_log = os.environ.get("FAKE_LLM_LOG") or str(Path(tempfile.gettempdir()) / "fake-llm-requests.jsonl")
+    log_path = argv[2] if len(argv) > 2 else default_log
+    llm = FakeLLM(log_path, port=port)
+    print(llm.start(), flush=True)
+    print(f"logging requests to {llm.log_path}", file=sys.stderr, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        llm.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
