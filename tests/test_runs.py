@@ -266,9 +266,14 @@ def test_disconnect_cancels_the_kernel_task(make_adapter: Any, workspace: Path, 
         timeout=5,
     ).json()
     assert task["result"]["status"]["state"] == "TASK_STATE_CANCELED"
-    # the thread is free again
-    nxt = adapter.client().run(run_body(thread_id=body["threadId"], cwd=str(workspace)))
-    assert nxt.status == 200
+    # the thread is free again once the adapter has finished cleaning up
+    deadline = time.monotonic() + 5
+    while True:
+        nxt = adapter.client().run(run_body(thread_id=body["threadId"], cwd=str(workspace)))
+        if nxt.status != 409 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert nxt.status == 200, nxt.error
 
 
 def test_kernel_unavailable_mid_admission(make_adapter: Any, workspace: Path) -> None:

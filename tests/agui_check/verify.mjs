@@ -119,15 +119,27 @@ function errorText(error) {
 }
 
 const runs = [];
-const agent = new HttpAgent({
-  url: "http://replay.invalid/agui",
-  threadId: firstThreadId(streams[0]),
-  initialMessages: [{ id: "user-1", role: "user", content: "Hello" }],
-  fetch: replayFetch,
-});
+// A new agent (a fresh client-side thread) starts each chain: at the first stream, when the
+// thread id changes, and after a run that did not end in an interrupt. Within a chain, a run
+// that ended in an interrupt is resumed by the next stream, as a real client would do it.
+let agent = null;
+function freshAgent(index) {
+  served = index;
+  return new HttpAgent({
+    url: "http://replay.invalid/agui",
+    threadId: firstThreadId(streams[index]),
+    initialMessages: [{ id: "user-1", role: "user", content: "Hello" }],
+    fetch: replayFetch,
+  });
+}
 
 let params = {};
 for (let index = 0; index < streams.length; index++) {
+  const previous = runs[runs.length - 1];
+  if (!agent || !previous || previous.outcome !== "interrupt" || agent.threadId !== firstThreadId(streams[index])) {
+    agent = freshAgent(index);
+    params = {};
+  }
   const run = { index, file: opts.files[index], events: [], terminal: null, outcome: null, errors: [], warnings: [] };
   runs.push(run);
   if (streams[index].includes(0x0d)) {
@@ -166,8 +178,14 @@ for (let index = 0; index < streams.length; index++) {
 
   params = {};
   if (run.outcome === "interrupt" && index + 1 < streams.length) {
+    // An interrupt that has expired can only be cancelled (the client refuses anything else).
+    const now = Date.now();
     const responses = Object.fromEntries(
-      run.interrupts.map((interrupt) => [interrupt.id, { status: "resolved", payload: opts.resumePayload }]),
+      run.interrupts.map((interrupt) =>
+        interrupt.expiresAt && Date.parse(interrupt.expiresAt) <= now
+          ? [interrupt.id, { status: "cancelled" }]
+          : [interrupt.id, { status: "resolved", payload: opts.resumePayload }],
+      ),
     );
     params = { resume: buildResumeArray(run.interrupts, responses) };
     run.resumeSent = params.resume;
