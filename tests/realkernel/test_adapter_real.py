@@ -1,0 +1,651 @@
+"""The adapter end to end: ``python run.py`` in front of the real iac-code 0.16.0 kernel.
+
+Every scenario drives the adapter as a separate process (``tests.conftest.AdapterProcess``)
+against one real kernel + fake LLM per module (``real_kernel``). Every AG-UI stream is read
+through ``tests.conftest.Client`` (or, for streams cut short on purpose, checked the same
+way by hand), so it is validated by ``check_stream`` and recorded for the official client
+when ``AGUI_STREAM_DIR`` is set. Assertions are on facts: the fake LLM's request log, the
+files in the workspace, and the kernel's own ``GetTask``.
+
+Each test uses its own threadId and its own workspace under the kernel's workdir; a
+per-test tag in the prompt picks that test's requests out of the shared LLM log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..agui_stream import check_stream, parse_sse
+from ..conftest import RECORDER, AdapterProcess, Client, RunResult, run_body
+from ..fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
+from .harness import RealKernel
+
+HEARTBEAT = "0.5"
+PERMISSION_SCHEMA = {
+    "type": "object",
+    "properties": {"decision": {"type": "string", "enum": ["allow_once", "deny"]}},
+    "required": ["decision"],
+    "additionalProperties": False,
+}
+# Secrets sent in this module's requests; the last test proves none reached the state dir.
+SECRETS: list[str] = []
+
+
+# ============================================================================ fixtures
+class Adapters:
+    """Starts ``python run.py`` processes in front of the real kernel, all on one state dir."""
+
+    def __init__(self, kernel: RealKernel, root: Path, outside: Path) -> None:
+        self.kernel = kernel
+        self.state_dir = root / "state"
+        self.outside = outside
+        self.started: list[AdapterProcess] = []
+
+    def start(self, *extra: str) -> AdapterProcess:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("IAC_CODE_AGUI_", "IACCODE_"))}
+        environ.update(
+            {
+                # the kernel's workdir (also the kernel's only root) plus one root the kernel refuses
+                "IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep.join([str(self.kernel.workdir), str(self.outside)]),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        args = [
+            "--port",
+            "0",
+            "--a2a-url",
+            self.kernel.url,
+            "--a2a-token",
+            self.kernel.token,
+            "--state-dir",
+            str(self.state_dir),
+            "--heartbeat-seconds",
+            HEARTBEAT,
+            *extra,
+        ]
+        process = AdapterProcess(args, environ).start()
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            process.stop()
+
+
+@pytest.fixture(scope="module")
+def adapters(real_kernel: RealKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Adapters]:
+    root = tmp_path_factory.mktemp("adapter-real")
+    outside = tmp_path_factory.mktemp("outside-kernel-roots")
+    factory = Adapters(real_kernel, root, outside)
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def adapter(adapters: Adapters) -> AdapterProcess:
+    """The module's shared adapter process."""
+    return adapters.start()
+
+
+@pytest.fixture
+def client(adapter: AdapterProcess) -> Client:
+    return Client(adapter.url)
+
+
+@pytest.fixture
+def tag(request: pytest.FixtureRequest) -> str:
+    """A unique marker for this test's prompts (to pick its requests out of the LLM log)."""
+    return f"<{request.node.name[:40]}-{uuid.uuid4().hex[:6]}>"
+
+
+@pytest.fixture
+def ws(real_kernel: RealKernel, request: pytest.FixtureRequest) -> Path:
+    """This test's workspace: a fresh directory inside the kernel's workdir (created by the adapter)."""
+    return real_kernel.workdir / f"ws-{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
+
+
+# ============================================================================ helpers
+def thread_id(name: str) -> str:
+    return f"rk-{name}-{uuid.uuid4().hex[:10]}"
+
+
+def session_value(result: RunResult) -> dict[str, Any]:
+    [event] = [e for e in result.of("CUSTOM") if e["name"] == "iac-code.session.v1"]
+    return dict(event["value"])
+
+
+def llm_log(kernel: RealKernel, tag: str) -> list[dict[str, Any]]:
+    """The fake LLM's requests whose conversation contains ``tag``."""
+    return [r for r in kernel.llm_requests() if any(tag in message_text(m) for m in r["messages"])]
+
+
+def behaviours(kernel: RealKernel, tag: str) -> list[str]:
+    return [r["behaviour"] for r in llm_log(kernel, tag)]
+
+
+def get_task(kernel: RealKernel, task_id: str) -> dict[str, Any]:
+    response = kernel.rpc("GetTask", {"id": task_id})
+    assert "result" in response, response
+    return dict(response["result"])
+
+
+def task_state(kernel: RealKernel, task_id: str) -> str:
+    return str(get_task(kernel, task_id)["status"]["state"])
+
+
+def wait_task_state(kernel: RealKernel, task_id: str, wanted: str, timeout: float = 40.0) -> str:
+    deadline = time.monotonic() + timeout
+    state = task_state(kernel, task_id)
+    while state != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = task_state(kernel, task_id)
+    return state
+
+
+def secret_props(label: str) -> dict[str, Any]:
+    """forwardedProps secrets, unique per call, remembered for the state-dir check."""
+    suffix = uuid.uuid4().hex[:10]
+    api_key, secret, token = f"sk-LLM-{label}-{suffix}", f"AKSECRET-{label}-{suffix}", f"STS-{label}-{suffix}"
+    SECRETS.extend([api_key, secret, token])
+    return {
+        "llmApiKey": api_key,
+        "alibabaCloud": {
+            "accessKeyId": f"AKID-{suffix}",
+            "accessKeySecret": secret,
+            "securityToken": token,
+            "regionId": "cn-hangzhou",
+        },
+    }
+
+
+def interrupted(
+    client: Client, cwd: Path, tag: str, *, thread: str | None = None, **props: Any
+) -> tuple[dict, RunResult]:
+    body = run_body(f"[WRITE] please write the file {tag}", thread_id=thread or thread_id("w"), cwd=str(cwd), **props)
+    result = client.run(body)
+    assert result.status == 200, result.error
+    assert result.terminal["type"] == "RUN_FINISHED", result.terminal
+    assert result.terminal["outcome"]["type"] == "interrupt", result.terminal
+    return body, result
+
+
+def resume_body(body: dict, answers: list[dict], **props: Any) -> dict:
+    iac = body["forwardedProps"]["iacCode"]
+    return run_body(
+        None, thread_id=body["threadId"], cwd=iac["cwd"], ros=iac["rosInvocationId"], resume=answers, **props
+    )
+
+
+def allow(interrupt: dict, decision: str = "allow_once") -> list[dict]:
+    return [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": decision}}]
+
+
+class LiveStream:
+    """A run read incrementally (requests, stream=True); ``finish`` checks and records it."""
+
+    def __init__(self, client: Client, body: dict[str, Any]) -> None:
+        self.body = body
+        self.response = client.session.post(
+            client.url, data=json.dumps(body), headers=client.headers(), stream=True, timeout=60
+        )
+        self.chunks = self.response.iter_content(None)
+        self.raw = b""
+
+    @property
+    def status(self) -> int:
+        return self.response.status_code
+
+    def read_until(self, marker: bytes, timeout: float = 30.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while marker not in self.raw:
+            assert time.monotonic() < deadline, f"{marker!r} not seen in {self.raw[-500:]!r}"
+            self.raw += next(self.chunks)
+        return self.raw
+
+    def session(self) -> dict[str, Any]:
+        """The value of the session CUSTOM event (read up to the end of its frame)."""
+        self.read_until(b"iac-code.session.v1")
+        at = self.raw.index(b"iac-code.session.v1")
+        while b"\n\n" not in self.raw[at:]:
+            self.raw += next(self.chunks)
+        events = parse_sse(self.raw[: self.raw.index(b"\n\n", at) + 2])
+        [event] = [e for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.session.v1"]
+        return dict(event["value"])
+
+    def finish(self) -> list[dict[str, Any]]:
+        for chunk in self.chunks:
+            self.raw += chunk
+        self.response.close()
+        events = parse_sse(self.raw)
+        check_stream(events)
+        RECORDER.record(self.body["threadId"], self.raw)
+        return events
+
+
+def tiny_png() -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))
+    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+# ============================================================================ 1-2: turns
+def test_text_turn(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    body = run_body(f"Say hello {tag}", thread_id=thread_id("text"), cwd=str(ws), **secret_props("text"))
+    result = client.run(body)
+    assert result.status == 200, result.error
+    assert result.events[0]["type"] == "RUN_STARTED"
+    assert result.events[0]["threadId"] == body["threadId"] and result.events[0]["runId"] == body["runId"]
+    session = session_value(result)
+    assert session["threadId"] == body["threadId"] and session["aguiRunId"] == body["runId"]
+    assert session["taskId"] and session["sessionId"] and session["contextId"].startswith("agui-")
+    # the kernel repeats the whole answer at the end: shown once
+    assert result.text() == "Hello from the fake LLM."
+    assert len(result.of("TEXT_MESSAGE_START")) == 1
+    finished = result.terminal
+    assert finished["type"] == "RUN_FINISHED" and finished["outcome"] == {"type": "success"}
+    [usage] = finished["usage"]
+    assert usage["provider"] == "openai"
+    assert (usage["inputTokens"], usage["outputTokens"], usage["totalTokens"]) == (11, 7, 18)
+    assert behaviours(real_kernel, tag) == ["default"]
+    task = get_task(real_kernel, session["taskId"])
+    assert task["contextId"] == session["contextId"]
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"  # a normal turn's end state
+
+
+def test_raw_reasoning(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    result = client.run(run_body(f"[THINK] consider it {tag}", thread_id=thread_id("think"), cwd=str(ws)))
+    assert result.terminal["type"] == "RUN_FINISHED", result.terminal
+    types = result.types()
+    for kind in (
+        "REASONING_START",
+        "REASONING_MESSAGE_START",
+        "REASONING_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_END",
+        "REASONING_END",
+    ):
+        assert kind in types, (kind, types)
+    assert types.index("REASONING_START") < types.index("REASONING_MESSAGE_CONTENT") < types.index("REASONING_END")
+    assert types.index("REASONING_END") < types.index("TEXT_MESSAGE_START")
+    reasoning = "".join(e["delta"] for e in result.of("REASONING_MESSAGE_CONTENT"))
+    assert reasoning == "Let me think about this."
+    assert result.text() == "Hello from the fake LLM."
+    assert behaviours(real_kernel, tag) == ["think"]
+
+
+# ============================================================================ 3-6: permission
+def test_permission_interrupt_then_allow(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    body, result = interrupted(client, ws, tag, **secret_props("allow"))
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    [start] = result.of("TOOL_CALL_START")
+    assert start["toolCallName"] == "write_file"
+    assert interrupt["reason"] == "tool_call"
+    assert interrupt["toolCallId"] == start["toolCallId"]
+    assert interrupt["responseSchema"] == PERMISSION_SCHEMA
+    assert interrupt["expiresAt"].endswith("Z")
+    expires = time.mktime(time.strptime(interrupt["expiresAt"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    assert 86000 < expires - time.time() < 86500
+    meta = interrupt["metadata"]
+    assert meta["kind"] == "permission" and meta["toolName"] == "write_file"
+    assert [o["id"] for o in meta["options"]] == ["allow_once", "deny"]
+    assert "I will write the file now." in result.text()
+    session = session_value(result)
+    assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_INPUT_REQUIRED"
+    assert not (ws / WRITE_PATH).exists()
+    assert behaviours(real_kernel, tag) == ["write"]
+
+    resumed = client.run(resume_body(body, allow(interrupt), **secret_props("allow-resume")))
+    assert resumed.terminal["type"] == "RUN_FINISHED", resumed.terminal
+    assert resumed.terminal["outcome"] == {"type": "success"}
+    assert resumed.events[0]["runId"] != body["runId"]
+    [tool_result] = resumed.of("TOOL_CALL_RESULT")
+    assert tool_result["toolCallId"] == interrupt["toolCallId"]
+    assert "Successfully wrote" in tool_result["content"]
+    artifacts = [e["value"] for e in resumed.of("CUSTOM") if e["name"] == "iac-code.artifact.v1"]
+    assert len(artifacts) == 1 and artifacts[0]["schemaVersion"] == 1
+    assert "hello.txt" in json.dumps(artifacts[0])
+    assert resumed.text().startswith("Tool finished. Result: Successfully wrote")
+    assert "I will write the file now." not in resumed.text()
+    assert session_value(resumed)["taskId"] == session["taskId"]
+    # the tool ran exactly once: one file with the content once, two LLM calls in all
+    assert [p.name for p in ws.iterdir()] == [WRITE_PATH]
+    assert (ws / WRITE_PATH).read_text() == WRITE_CONTENT
+    assert behaviours(real_kernel, tag) == ["write", "tool-result"]
+    assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_INPUT_REQUIRED"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param({"status": "resolved", "payload": {"decision": "deny"}}, id="deny"),
+        pytest.param({"status": "cancelled"}, id="cancelled"),
+    ],
+)
+def test_deny_and_cancelled_write_nothing(
+    client: Client, real_kernel: RealKernel, ws: Path, tag: str, answer: dict
+) -> None:
+    body, result = interrupted(client, ws, tag)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    resumed = client.run(resume_body(body, [{"interruptId": interrupt["id"], **answer}]))
+    assert resumed.terminal["type"] == "RUN_FINISHED", resumed.terminal
+    assert resumed.terminal["outcome"] == {"type": "success"}
+    [tool_result] = resumed.of("TOOL_CALL_RESULT")
+    assert tool_result["toolCallId"] == interrupt["toolCallId"]
+    assert "Successfully wrote" not in tool_result["content"]
+    assert "denied" in tool_result["content"], tool_result
+    assert not (ws / WRITE_PATH).exists()
+    log = llm_log(real_kernel, tag)
+    assert [r["behaviour"] for r in log] == ["write", "tool-result"]
+    assert "Successfully wrote" not in message_text(log[-1]["messages"][-1])
+
+
+def test_bad_answers_then_a_good_retry(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    body, result = interrupted(client, ws, tag)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    iid = interrupt["id"]
+    deny = {"interruptId": iid, "status": "resolved", "payload": {"decision": "deny"}}
+    cases = [
+        ([], "INCOMPLETE_RESUME"),  # missing
+        (
+            [{"interruptId": "permission-nope", "status": "resolved", "payload": {"decision": "deny"}}, deny],
+            "UNKNOWN_INTERRUPT",
+        ),
+        ([deny, deny], "INCOMPLETE_RESUME"),  # duplicate
+        ([{"interruptId": iid, "status": "resolved"}], "RESUME_PAYLOAD_INVALID"),
+        ([{"interruptId": iid, "status": "resolved", "payload": {"decision": "maybe"}}], "RESUME_PAYLOAD_INVALID"),
+        (
+            [{"interruptId": iid, "status": "resolved", "payload": {"decision": "deny", "x": 1}}],
+            "RESUME_PAYLOAD_INVALID",
+        ),
+    ]
+    for answers, code in cases:
+        failed = client.run(resume_body(body, answers))
+        assert failed.status == 200, failed.error
+        assert failed.types() == ["RUN_STARTED", "RUN_ERROR"], (answers, failed.types())
+        assert failed.terminal["code"] == code, (answers, failed.terminal)
+    # nothing reached the kernel: the task still waits, the LLM was not called again
+    task_id = session_value(result)["taskId"]
+    assert task_state(real_kernel, task_id) == "TASK_STATE_INPUT_REQUIRED"
+    assert behaviours(real_kernel, tag) == ["write"]
+    ok = client.run(resume_body(body, allow(interrupt)))
+    assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
+    assert ok.terminal["outcome"] == {"type": "success"}
+    assert (ws / WRITE_PATH).read_text() == WRITE_CONTENT
+    assert behaviours(real_kernel, tag) == ["write", "tool-result"]
+
+
+def test_duplicate_accepted_resume_is_refused(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    body, result = interrupted(client, ws, tag)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    first = client.run(resume_body(body, allow(interrupt)))
+    assert first.terminal["type"] == "RUN_FINISHED", first.terminal
+    assert (ws / WRITE_PATH).read_text() == WRITE_CONTENT
+    (ws / WRITE_PATH).unlink()
+    again = client.run(resume_body(body, allow(interrupt)))  # same answers, new runId
+    assert again.events[0]["runId"] != first.events[0]["runId"]
+    assert again.types() == ["RUN_STARTED", "RUN_ERROR"], again.types()
+    assert again.terminal["code"] == "RESUME_ALREADY_APPLIED"
+    assert not (ws / WRITE_PATH).exists()  # the tool did not run again
+    assert behaviours(real_kernel, tag) == ["write", "tool-result"]
+
+
+# ============================================================================ 7-8: continuity
+def test_follow_up_turn_and_turn_after_restart(adapters: Adapters, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    thread = thread_id("recall")
+    first_proc = adapters.start()
+    c1 = Client(first_proc.url)
+    one = c1.run(run_body(f"Say hello {tag}", thread_id=thread, cwd=str(ws), ros="inv-a", **secret_props("r1")))
+    two = c1.run(run_body(f"[RECALL] {tag}", thread_id=thread, cwd=str(ws), ros="inv-b"))
+    assert one.terminal["type"] == "RUN_FINISHED" and two.terminal["type"] == "RUN_FINISHED", two.terminal
+    assert two.text() == "I have seen 2 user messages."
+    a, b = session_value(one), session_value(two)
+    assert a["contextId"] == b["contextId"] and a["sessionId"] == b["sessionId"]
+    assert a["taskId"] != b["taskId"] and a["executionId"] != b["executionId"]
+    assert first_proc.stop() == 0
+
+    second_proc = adapters.start()
+    three = Client(second_proc.url).run(
+        run_body(f"[RECALL] again {tag}", thread_id=thread, cwd=str(ws), ros="inv-c", **secret_props("r3"))
+    )
+    assert three.terminal["type"] == "RUN_FINISHED", three.terminal
+    assert three.text() == "I have seen 3 user messages."
+    c = session_value(three)
+    assert c["contextId"] == a["contextId"] and c["sessionId"] == a["sessionId"]
+    assert behaviours(real_kernel, tag) == ["default", "recall", "recall"]
+    second_proc.stop()
+
+
+def test_resume_after_adapter_kill(adapters: Adapters, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    first_proc = adapters.start()
+    body, result = interrupted(Client(first_proc.url), ws, tag)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    first_proc.kill()  # SIGKILL
+    assert first_proc.proc is not None and first_proc.proc.returncode == -9
+    second_proc = adapters.start()
+    ok = Client(second_proc.url).run(resume_body(body, allow(interrupt)))
+    assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
+    assert ok.terminal["outcome"] == {"type": "success"}
+    [tool_result] = ok.of("TOOL_CALL_RESULT")
+    assert tool_result["toolCallId"] == interrupt["toolCallId"]
+    assert (ws / WRITE_PATH).read_text() == WRITE_CONTENT
+    assert behaviours(real_kernel, tag) == ["write", "tool-result"]
+    second_proc.stop()
+
+
+# ============================================================================ 9: expiry
+def test_expired_interrupt(adapters: Adapters, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    proc = adapters.start("--interrupt-ttl-seconds", "1")
+    client = Client(proc.url)
+    body, result = interrupted(client, ws, tag)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    task_id = session_value(result)["taskId"]
+    time.sleep(1.3)
+    late = client.run(resume_body(body, allow(interrupt)))
+    assert late.types() == ["RUN_STARTED", "RUN_ERROR"], late.types()
+    assert late.terminal["code"] == "EXECUTION_EXPIRED"
+    assert interrupt["expiresAt"] in late.terminal["message"]
+    # the adapter cancelled the kernel task (CancelTask on an INPUT_REQUIRED permission wait
+    # works on 0.16.0) before answering: the permission can no longer be answered
+    assert task_state(real_kernel, task_id) == "TASK_STATE_CANCELED"
+    assert not (ws / WRITE_PATH).exists()
+    assert behaviours(real_kernel, tag) == ["write"]
+    again = client.run(resume_body(body, allow(interrupt)))
+    assert again.terminal["code"] == "EXECUTION_LOST"
+    fresh = client.run(run_body(f"Say hello {tag}", thread_id=body["threadId"], cwd=str(ws), ros="inv-new"))
+    assert fresh.terminal["type"] == "RUN_FINISHED", fresh.terminal
+    proc.stop()
+
+
+# ============================================================================ 10-11: cancel
+def test_cancel_endpoint_during_a_slow_turn(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    body = run_body(f"[SLOW] {tag}", thread_id=thread_id("cancel"), cwd=str(ws), ros="inv-c")
+    live = LiveStream(client, body)
+    assert live.status == 200
+    session = live.session()
+    live.read_until(b"Chunk 1.")
+    started = time.monotonic()
+    answer = client.cancel(session["executionId"], {"threadId": body["threadId"], "rosInvocationId": "inv-c"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"executionId": session["executionId"], "status": "cancelled"}
+    events = live.finish()
+    assert time.monotonic() - started < 8, "the stream did not end soon after the cancel"
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED", events[-1]
+    assert "Chunk 10." not in "".join(e.get("delta", "") for e in events)
+    assert wait_task_state(real_kernel, session["taskId"], "TASK_STATE_CANCELED") == "TASK_STATE_CANCELED"
+    again = client.cancel(session["executionId"], {"threadId": body["threadId"], "rosInvocationId": "inv-c"})
+    assert again.json()["status"] == "already_terminal"
+    nxt = client.run(run_body(f"Say hello {tag}", thread_id=body["threadId"], cwd=str(ws), ros="inv-d"))
+    assert nxt.terminal["type"] == "RUN_FINISHED", nxt.terminal
+
+
+def test_cancel_endpoint_during_a_pending_interrupt(
+    client: Client, real_kernel: RealKernel, ws: Path, tag: str
+) -> None:
+    body, result = interrupted(client, ws, tag)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    session = session_value(result)
+    ros = body["forwardedProps"]["iacCode"]["rosInvocationId"]
+    answer = client.cancel(session["executionId"], {"threadId": body["threadId"], "rosInvocationId": ros})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"executionId": session["executionId"], "status": "cancelled"}
+    assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_CANCELED"
+    late = client.run(resume_body(body, allow(interrupt)))
+    assert late.types() == ["RUN_STARTED", "RUN_ERROR"], late.types()
+    assert late.terminal["code"] == "EXECUTION_LOST"
+    assert not (ws / WRITE_PATH).exists()
+    nxt = client.run(run_body(f"[RECALL] {tag}", thread_id=body["threadId"], cwd=str(ws), ros="inv-next"))
+    assert nxt.terminal["type"] == "RUN_FINISHED", nxt.terminal
+    assert nxt.text().startswith("I have seen ")
+    assert behaviours(real_kernel, tag)[0] == "write" and "tool-result" not in behaviours(real_kernel, tag)
+
+
+def test_client_disconnect_cancels_the_kernel_task(
+    adapter: AdapterProcess, real_kernel: RealKernel, ws: Path, tag: str
+) -> None:
+    body = run_body(f"[SLOW] {tag}", thread_id=thread_id("gone"), cwd=str(ws))
+    host, port = adapter.url.split("//")[1].rstrip("/").split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    data = b""
+    while b"iac-code.session.v1" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    task_id = data.split(b'"taskId":"')[1].split(b'"')[0].decode()
+    sock.close()
+    assert wait_task_state(real_kernel, task_id, "TASK_STATE_CANCELED") == "TASK_STATE_CANCELED"
+    # the thread is free again
+    nxt = Client(adapter.url).run(run_body(f"Say hello {tag}", thread_id=body["threadId"], cwd=str(ws)))
+    assert nxt.terminal["type"] == "RUN_FINISHED", nxt.terminal
+
+
+# ============================================================================ 12-14: failures, images
+def test_llm_failure(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    started = time.monotonic()
+    result = client.run(run_body(f"[FAIL] break {tag}", thread_id=thread_id("fail"), cwd=str(ws)))
+    assert time.monotonic() - started < 15
+    assert result.terminal["type"] == "RUN_ERROR", result.terminal
+    assert result.terminal["code"] == "A2A_EXECUTION_FAILED"
+    message = result.terminal["message"]
+    assert "400" in message and "scripted non-retryable failure from the fake LLM" in message, message
+    assert not result.of("TEXT_MESSAGE_CONTENT")  # the error report is not an answer
+    assert behaviours(real_kernel, tag) == ["fail", "fail"]
+
+
+def test_cwd_outside_the_kernel_roots(client: Client, adapters: Adapters, real_kernel: RealKernel, tag: str) -> None:
+    cwd = adapters.outside / f"ws-{uuid.uuid4().hex[:6]}"
+    result = client.run(run_body(f"Say hello {tag}", thread_id=thread_id("outside"), cwd=str(cwd)))
+    assert result.status == 200, result.error  # the adapter's own roots allow it
+    assert result.terminal["type"] == "RUN_ERROR", result.terminal
+    assert result.terminal["code"] == "A2A_EXECUTION_FAILED"
+    assert "Invalid A2A workspace metadata." in result.terminal["message"], result.terminal["message"]
+    assert behaviours(real_kernel, tag) == []
+
+
+def test_inline_png_reaches_the_llm(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    body = run_body(None, thread_id=thread_id("image"), cwd=str(ws))
+    body["messages"] = [
+        {
+            "id": "m-image",
+            "role": "user",
+            "content": [
+                {"type": "text", "text": f"[IMAGE] what is this? {tag}"},
+                {
+                    "type": "image",
+                    "source": {"type": "data", "value": base64.b64encode(tiny_png()).decode(), "mimeType": "image/png"},
+                },
+            ],
+        }
+    ]
+    result = client.run(body)
+    assert result.terminal["type"] == "RUN_FINISHED", result.terminal
+    assert result.text() == "I see 1 image(s)."
+    [request] = llm_log(real_kernel, tag)
+    assert count_images(request["messages"]) == 1
+
+
+# ============================================================================ 15: admission
+def test_new_turn_while_interrupt_pending(client: Client, ws: Path, tag: str) -> None:
+    body, result = interrupted(client, ws, tag)
+    refused = client.run(run_body(f"Say hello {tag}", thread_id=body["threadId"], cwd=str(ws), ros="inv-other"))
+    assert refused.status == 409 and refused.error is not None
+    assert refused.error["code"] == "RESUME_REQUIRED"
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    ok = client.run(resume_body(body, allow(interrupt, "deny")))
+    assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
+
+
+def test_two_concurrent_turns_on_one_thread(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
+    thread = thread_id("race")
+    barrier = threading.Barrier(2)
+    outcomes: list[Any] = [None, None]
+
+    def go(i: int) -> None:
+        body = run_body(f"[SLOW] {i} {tag}", thread_id=thread, cwd=str(ws), ros="inv-race")
+        own = Client(client.url)
+        barrier.wait()
+        live = LiveStream(own, body)
+        if live.status != 200:
+            outcomes[i] = (live.status, live.response.json(), None)
+            live.response.close()
+            return
+        session = live.session()
+        outcomes[i] = (200, None, live, session)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(outcomes), outcomes
+    statuses = sorted(o[0] for o in outcomes)
+    assert statuses == [200, 409], statuses
+    refused = next(o for o in outcomes if o[0] == 409)
+    assert refused[1]["error"]["code"] == "THREAD_BUSY"
+    admitted = next(o for o in outcomes if o[0] == 200)
+    live, session = admitted[2], admitted[3]
+    stop = client.cancel(session["executionId"], {"threadId": thread, "rosInvocationId": "inv-race"})
+    assert stop.json()["status"] == "cancelled"
+    events = live.finish()
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"
+    assert len(llm_log(real_kernel, tag)) == 1  # only one turn reached the kernel
+
+
+# ============================================================================ 16: secrets
+def test_state_files_hold_no_secrets(adapters: Adapters, client: Client, ws: Path, tag: str) -> None:
+    # one more interrupted + resumed run with secrets, so the pending state is covered too
+    body, result = interrupted(client, ws, tag, **secret_props("last"))
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    assert_no_secrets(adapters.state_dir)  # while the interrupt is pending
+    ok = client.run(resume_body(body, allow(interrupt), **secret_props("last-resume")))
+    assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
+    assert len(SECRETS) >= 18  # several requests of this module sent secrets
+    assert_no_secrets(adapters.state_dir)
+
+
+def assert_no_secrets(state_dir: Path) -> None:
+    files = [p for p in state_dir.rglob("*") if p.is_file()]
+    assert sum(p.suffix == ".json" for p in files) >= 10, files  # the threads of this module
+    for path in files:
+        data = path.read_bytes()
+        for secret in SECRETS:
+            assert secret.encode() not in data, (path, secret)
