@@ -57,6 +57,21 @@ def check_kernel_url(url: str, *, allow_remote: bool) -> str:
     return url.rstrip("/") + "/"
 
 
+def _socket_of(response: requests.Response) -> socket.socket | None:
+    """The socket under a streaming response, so that another thread can shut it down.
+
+    For a ``Connection: close`` response http.client has already detached the socket
+    from its connection object; the response's file object still holds it.
+    """
+    raw = response.raw
+    connection = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        fp = getattr(getattr(raw, "_fp", None), "fp", None)  # http.client.HTTPResponse.fp
+        sock = getattr(getattr(fp, "raw", None), "_sock", None)  # BufferedReader -> SocketIO
+    return sock if isinstance(sock, socket.socket) else None
+
+
 class KernelStream:
     """One streaming JSON-RPC response, read as batches of decoded frames."""
 
@@ -64,9 +79,7 @@ class KernelStream:
         self._response = response
         self._lock = threading.Lock()
         self._done = False
-        raw = response.raw
-        connection = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
-        self._sock: socket.socket | None = getattr(connection, "sock", None)
+        self._sock = _socket_of(response)
 
     def chunks(self) -> Iterator[bytes]:
         """The raw bytes of the response, one item per network read."""

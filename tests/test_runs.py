@@ -239,7 +239,7 @@ def test_heartbeat_while_the_kernel_is_silent(make_adapter: Any, workspace: Path
 
 def test_disconnect_cancels_the_kernel_task(make_adapter: Any, workspace: Path, scripted_kernel: Any) -> None:
     adapter = make_adapter(heartbeat_seconds=0.2)
-    body = run_body("[SLOW]", cwd=str(workspace))
+    body = run_body("[SILENT 100] [SLOW]", cwd=str(workspace))  # 5 s of kernel silence
     host, port = adapter.url.split("//")[1].rstrip("/").split(":")
     payload = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
@@ -252,7 +252,7 @@ def test_disconnect_cancels_the_kernel_task(make_adapter: Any, workspace: Path, 
         data += sock.recv(65536)
     task_id = data.split(b'"taskId":"')[1].split(b'"')[0].decode()
     sock.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 3  # noticed by a heartbeat write, long before the kernel speaks
     while time.monotonic() < deadline:
         if any(c["params"].get("id") == task_id for c in kernel_calls(scripted_kernel, "CancelTask")):
             break

@@ -1,0 +1,241 @@
+"""One smoke scenario under three real WSGI servers, each a separate process.
+
+The adapter is served as ``agui_adapter.wsgi:application`` (or ``python run.py``),
+configured only through ``IAC_CODE_AGUI_*`` environment variables and pointed at the
+in-process scripted kernel. Per server: a turn streams as it is produced (not
+buffered to the end), heartbeats flow while the kernel is silent, and a client that
+drops the socket gets its kernel task cancelled (see the conformance notes on SSE
+under WSGI servers: flushing, and a disconnect is only noticed when a write fails).
+
+Run with ``pytest -m wsgi_servers tests/test_wsgi_servers.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from .agui_stream import check_stream, parse_sse
+from .conftest import KERNEL_TOKEN, run_body
+
+pytestmark = pytest.mark.wsgi_servers
+
+ROOT = Path(__file__).resolve().parent.parent
+HEARTBEAT = 0.3
+APP = "agui_adapter.wsgi:application"
+SERVERS = ("werkzeug", "gunicorn", "waitress")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _command(kind: str, port: int) -> list[str]:
+    if kind == "werkzeug":
+        return [sys.executable, str(ROOT / "run.py"), "--port", "0"]
+    if kind == "gunicorn":
+        return [
+            sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "8", "-w", "1",
+            "--graceful-timeout", "5", "-b", f"127.0.0.1:{port}", APP,
+        ]  # fmt: skip
+    return [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", "--threads=8", APP]
+
+
+@dataclass
+class Server:
+    kind: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    workspace: Path
+    url: str = ""
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        session = requests.Session()
+        session.trust_env = False
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{self.log()}")
+            if not self.url:  # run.py --port 0 prints where it listens
+                match = re.search(r"listening on (http://\S+/)", self.log())
+                if match:
+                    self.url = match.group(1)
+            if self.url:
+                try:
+                    if session.get(self.url + "health", timeout=1).status_code == 200:
+                        return
+                except requests.RequestException:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.kind} did not become ready in {timeout} s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterator[Server]:
+    kind = request.param
+    if kind != "werkzeug" and importlib.util.find_spec(kind) is None:
+        message = f"{kind} is not installed (pip install -e .[test])"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    base = tmp_path_factory.mktemp(f"wsgi-{kind}")
+    (base / "state").mkdir()
+    (base / "ws").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE_AGUI_")}
+    env.update(
+        {
+            "IAC_CODE_AGUI_A2A_URL": scripted_kernel.url,
+            "IAC_CODE_AGUI_A2A_TOKEN": KERNEL_TOKEN,
+            "IAC_CODE_AGUI_STATE_DIR": str(base / "state"),
+            "IAC_CODE_AGUI_ALLOWED_CWDS": str(base),
+            "IAC_CODE_AGUI_HEARTBEAT_SECONDS": str(HEARTBEAT),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    port = _free_port()
+    log_path = base / "server.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(_command(kind, port), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    srv = Server(kind, proc, log_path, base / "ws", "" if kind == "werkzeug" else f"http://127.0.0.1:{port}/")
+    try:
+        srv.wait_ready()
+    except RuntimeError:
+        srv.stop()
+        raise
+    yield srv
+    srv.stop()
+
+
+def _post(server: Server, body: dict[str, Any]) -> requests.Response:
+    session = requests.Session()
+    session.trust_env = False
+    return session.post(server.url, json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30)
+
+
+def _timed_events(response: requests.Response, started: float) -> tuple[bytes, list[tuple[float, int, bytes]]]:
+    """The raw body, and (arrival time, read number, block) for every SSE block."""
+    raw = b""
+    pending = b""
+    blocks: list[tuple[float, int, bytes]] = []
+    for read, chunk in enumerate(response.iter_content(None)):
+        now = time.monotonic() - started
+        raw += chunk
+        pending += chunk
+        *complete, pending = pending.split(b"\n\n")
+        blocks.extend((now, read, block) for block in complete if block.strip())
+    return raw, blocks
+
+
+def test_turn_streams_as_produced(server: Server) -> None:
+    body = run_body("[SLOW]", cwd=str(server.workspace))
+    started = time.monotonic()
+    with _post(server, body) as response:
+        assert response.status_code == 200, response.text
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        assert response.headers["X-Accel-Buffering"] == "no"
+        assert "Content-Length" not in response.headers
+        assert response.headers.get("Transfer-Encoding") == "chunked"
+        raw, blocks = _timed_events(response, started)
+    events = parse_sse(raw)
+    check_stream(events)
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == (
+        "Slowly counting: one, two, three, four, five, six, seven, eight."
+    )
+    content = [(t, read) for t, read, block in blocks if b'"TEXT_MESSAGE_CONTENT"' in block]
+    assert len(content) == 10, blocks
+    times = [t for t, _ in content]
+    # ten deltas 0.05 s apart: spread over ~0.45 s, not all delivered at the end in one read
+    assert times[-1] - times[0] >= 0.25, times
+    assert len({read for _, read in content}) >= 5, content
+    finished = next(t for t, _, block in blocks if b'"RUN_FINISHED"' in block)
+    assert finished - times[0] >= 0.25, (times, finished)
+
+
+def test_heartbeats_while_the_kernel_is_silent(server: Server) -> None:
+    body = run_body("[SILENT 40]", cwd=str(server.workspace))
+    started = time.monotonic()
+    with _post(server, body) as response:
+        assert response.status_code == 200, response.text
+        raw, blocks = _timed_events(response, started)
+    stamps = [t for t, _, block in blocks if block.strip() == b": heartbeat"]
+    assert len(stamps) >= 3, (stamps, server.log())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert all(HEARTBEAT * 0.6 < g < HEARTBEAT * 3 for g in gaps), gaps
+    events = parse_sse(raw)
+    check_stream(events)
+    assert events[-1]["type"] == "RUN_FINISHED"
+
+
+def test_disconnect_cancels_the_kernel_task(server: Server, scripted_kernel: Any) -> None:
+    # 5 s of kernel silence: only heartbeats are written, so only they can reveal the
+    # disconnect (waitress needs up to three writes, gunicorn two, werkzeug one).
+    body = run_body("[SILENT 100] [SLOW]", cwd=str(server.workspace))
+    host, port = server.url.split("//")[1].rstrip("/").rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        sock.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
+        data = b""
+        while b"iac-code.session.v1" not in data or b'"taskId":"' not in data.split(b"iac-code.session.v1")[1]:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    finally:
+        sock.close()
+    closed = time.monotonic()
+    task_id = data.split(b"iac-code.session.v1")[1].split(b'"taskId":"')[1].split(b'"')[0].decode()
+    deadline = closed + HEARTBEAT * 6 + 1.0  # three failed writes' worth, plus slack
+    while time.monotonic() < deadline:
+        if any(
+            r["method"] == "CancelTask" and r["params"].get("id") == task_id for r in list(scripted_kernel.requests)
+        ):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"{server.kind}: no CancelTask for {task_id} after the disconnect\n{server.log()}")
+    task = requests.post(
+        scripted_kernel.url,
+        json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}},
+        headers={"A2A-Version": "1.0", "Authorization": f"Bearer {KERNEL_TOKEN}"},
+        timeout=5,
+    ).json()
+    assert task["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+    # the conversation thread is free again
+    with _post(server, run_body(thread_id=body["threadId"], cwd=str(server.workspace))) as nxt:
+        assert nxt.status_code == 200, nxt.text
+        check_stream(parse_sse(nxt.content))
