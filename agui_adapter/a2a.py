@@ -145,6 +145,21 @@ class FrameReader:
         return _load_all(payloads) if payloads else []
 
 
+class SnapshotStream:
+    """A task snapshot served like a one-frame stream (a task that is no longer running)."""
+
+    def __init__(self, task: Any) -> None:
+        self._body = b"data: " + json.dumps({"result": {"task": task}}).encode("utf-8") + b"\n\n"
+        self.closed = False
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self._body
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def _load_all(payloads: list[str]) -> list[Any]:
     """Decode many frames with one parser call; frame by frame only if one is bad."""
     if len(payloads) > 1:
@@ -263,6 +278,15 @@ class KernelClient:
 
     def subscribe(self, task_id: str) -> KernelStream:
         return self.stream("SubscribeToTask", {"id": task_id})
+
+    def follow(self, task_id: str) -> KernelStream | SnapshotStream:
+        """The task's live updates, or its current snapshot when it is no longer running."""
+        try:
+            return self.subscribe(task_id)
+        except KernelRejected as exc:
+            if exc.rpc_code != -32001:
+                raise
+        return SnapshotStream(self.get_task(task_id))
 
     # --- plain HTTP routes -------------------------------------------------------
     def _extension(self, verb: str, path: str, *, timeout: float = 30.0, **kwargs: Any) -> requests.Response:

@@ -54,6 +54,8 @@ PERMISSION_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+RESOURCE_SELECTION = "cloud_resource_selection"
+
 REASONS = {
     "permission": "tool_call",
     "candidate_selection": "confirmation",
@@ -102,9 +104,67 @@ def is_permission(kernel_input: dict[str, Any]) -> bool:
     return kernel_input.get("kind") == "permission"
 
 
+def resource_options(kernel_input: dict[str, Any]) -> list[dict[str, Any]]:
+    """The choices of a cloud_resource_selection wait (``selector.options``)."""
+    selector = kernel_input.get("selector")
+    options = selector.get("options") if isinstance(selector, dict) else None
+    out = []
+    for option in options if isinstance(options, list) else []:
+        if isinstance(option, dict) and isinstance(option.get("value"), str):
+            out.append({"id": option["value"], "label": str(option.get("label") or option["value"]), **option})
+    return out
+
+
+def resource_response(kernel_input: dict[str, Any], payload: Any, *, task_id: str | None) -> dict[str, Any]:
+    """``metadata.iac_code.inputResponse`` for a cloud_resource_selection answer (None: cancelled)."""
+    selector = kernel_input.get("selector") if isinstance(kernel_input.get("selector"), dict) else {}
+    response: dict[str, Any] = {
+        "schemaVersion": 1,
+        "kind": RESOURCE_SELECTION,
+        "status": "canceled" if payload is None else "selected",
+        "requestTaskId": kernel_input.get("requestTaskId") or task_id,
+        "contextId": kernel_input.get("contextId"),
+        "inputId": kernel_input.get("inputId"),
+        "toolUseId": kernel_input.get("toolUseId"),
+        "selectorId": selector.get("selectorId"),
+    }
+    if payload is not None:
+        value = payload["value"]
+        response["value"] = value
+        label = next((o["label"] for o in resource_options(kernel_input) if o["id"] == value), None)
+        if label:
+            response["label"] = label
+    return {k: v for k, v in response.items() if v is not None}
+
+
+def sideband_ids(iac: dict[str, Any]) -> set[str]:
+    """Inputs answered out of band: candidate-scope permissions and the pendingPermissions list."""
+    out: set[str] = set()
+    direct = iac.get("input")
+    if isinstance(direct, dict) and isinstance(direct.get("inputId"), str):
+        if direct.get("scope") == "candidate" or isinstance(direct.get("subPipelineId"), str):
+            out.add(direct["inputId"])
+    pending = iac.get("pendingPermissions")
+    for item in pending if isinstance(pending, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("inputId"), str):
+            out.add(item["inputId"])
+    return out
+
+
 def response_schema(kernel_input: dict[str, Any]) -> dict[str, Any]:
     if is_permission(kernel_input):
         return json.loads(json.dumps(PERMISSION_SCHEMA))
+    if kernel_input.get("kind") == RESOURCE_SELECTION:
+        values = [o["id"] for o in resource_options(kernel_input)]
+        value_schema: dict[str, Any] = {"type": "string", "minLength": 1}
+        if values:
+            value_schema["enum"] = values
+        return {
+            "type": "object",
+            "properties": {"value": value_schema},
+            "required": ["value"],
+            "additionalProperties": False,
+        }
     options = option_entries(kernel_input.get("options"))
     free_text = bool(kernel_input.get("allowFreeText")) or not options
     properties: dict[str, Any] = {}
@@ -128,7 +188,10 @@ def build_interrupt(kernel_input: dict[str, Any], *, expires_at: str, language: 
     value = allowlisted(kernel_input)
     kind = value.get("kind") or "input_required"
     lang = value.get("language") if isinstance(value.get("language"), str) else language
-    options = option_entries(value.get("options"))
+    if kind == RESOURCE_SELECTION:
+        options = resource_options(value)
+    else:
+        options = option_entries(value.get("options"))
     if kind == "permission":
         message = value.get("prompt") or value.get("title") or translate(lang, msg.PERMISSION_REQUIRED)
     else:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .a2a import FrameReader, KernelRejected, KernelStream, KernelUnavailable
+from .a2a import FrameReader, KernelRejected, KernelStream, KernelUnavailable, SnapshotStream
 
 log = logging.getLogger("agui_adapter.pump")
 
@@ -40,14 +40,14 @@ class KernelPump(threading.Thread):
     """Reads one kernel stream on its own thread."""
 
     def __init__(
-        self, open_stream: Callable[[], KernelStream], *, maxsize: int = 64, name: str = "kernel-pump"
+        self, open_stream: Callable[[], KernelStream | SnapshotStream], *, maxsize: int = 64, name: str = "kernel-pump"
     ) -> None:
         super().__init__(name=name, daemon=True)
         self._open_stream = open_stream
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=maxsize)
         self._stopped = threading.Event()
         self._lock = threading.Lock()
-        self._stream: KernelStream | None = None
+        self._stream: KernelStream | SnapshotStream | None = None
         self._on_task_id: Callable[[str], None] | None = None
         self.task_id: str | None = None
 

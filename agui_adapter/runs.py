@@ -30,13 +30,14 @@ from . import events as ev
 from . import interrupts as intr
 from . import messages as msg
 from . import outbound
-from .a2a import FrameReader, KernelClient, KernelRejected, KernelStream, KernelUnavailable
+from .a2a import FrameReader, KernelClient, KernelRejected, KernelStream, KernelUnavailable, SnapshotStream
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError
 from .i18n import translate
 from .pump import KernelPump
 from .store import Execution, RunLock, StoreError, ThreadRecord, ThreadStore
+from .pipeline import PipelineProgress
 from .translate import SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
 from .validation import RunInput, request_digest
 from .workspace import allowed_roots, ensure_workspace, resolve_workspace
@@ -285,12 +286,14 @@ class _RunStream:
             admission.run_id,
             id_namespace=_short(admission.run_id) if admission.mode == "resume" else None,
             prior_text_digests=execution.text_digests if admission.mode == "resume" else (),
+            pipeline=PipelineProgress.from_json(execution.pipeline) if admission.mode == "resume" else None,
         )
         # resume: answers still to send, the one whose stream is being read, tool results owed
         self.answers: list[dict[str, Any]] = []
         self.current_answer: dict[str, Any] | None = None
         self.accepted_results: list[tuple[str, str]] = []
         self.new_inputs: list[dict[str, Any]] = []
+        self.sideband_ids: set[str] = set()
         self.pump: KernelPump | None = None
         self.reader = FrameReader()
         self.task_id = admission.record.execution.task_id
@@ -358,7 +361,7 @@ class _RunStream:
         else:
             self._start_resume(out)
 
-    def _open(self, open_stream: Callable[[], KernelStream]) -> None:
+    def _open(self, open_stream: Callable[[], KernelStream | SnapshotStream]) -> None:
         self.reader = FrameReader()
         self.pump = KernelPump(open_stream, name=f"kernel-pump-{self.adm.run_id[:16]}")
         self.pump.start()
@@ -392,6 +395,8 @@ class _RunStream:
         return None
 
     def _rejection(self, exc: KernelRejected) -> _Terminal:
+        if self.current_answer is not None and not self.current_answer.get("accepted"):
+            return self._answer_rejection(exc)
         data = exc.data
         if isinstance(data, dict) and data.get("code") == "SESSION_BACKUP_NOT_READY":
             return _Terminal("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
@@ -424,6 +429,7 @@ class _RunStream:
         if info.inputs and info.state == "input-required":
             waiting = {a["id"] for a in self.answers}
             fresh = [i for i in info.inputs if i.get("inputId") not in waiting and not self._applied(i)]
+            self.sideband_ids.update(intr.sideband_ids(info.iac))
             if fresh and not self.answers:
                 return self._interrupt(fresh, ts, out)
             self.new_inputs.extend(i for i in fresh if i not in self.new_inputs)
@@ -492,6 +498,7 @@ class _RunStream:
         if self.new_inputs and not (self.failed or self.canceled):
             inputs, self.new_inputs = self.new_inputs, []
             return self._interrupt(inputs, ts, out)
+        self._fill_pipeline_gaps(ts, out)
         if not self.session_emitted and self.task_id:
             out.append(self._session_event(ts))
         if self.canceled:
@@ -590,6 +597,47 @@ class _RunStream:
         finally:
             self.adm.run_lock.release()
 
+    # ------------------------------------------------------------------ pipelines
+    def _pipeline_state(self, *, snapshot: bool) -> dict[str, Any] | None:
+        """The kernel's pipeline journal after what the client has (None: not a pipeline)."""
+        if not self.task_id:
+            return None
+        params: dict[str, Any] = {"taskId": self.task_id, "afterSequence": self.translator.pipeline.high_water}
+        if not snapshot:
+            params["includeSnapshot"] = "false"
+        try:
+            status, body = self.engine.kernel.pipeline_state(params)
+        except KernelUnavailable as exc:
+            log.warning("run %s: pipeline state unavailable: %s", self.adm.run_id, exc)
+            return None
+        if status != 200 or not isinstance(body, dict):
+            if status != 404:
+                log.warning("run %s: pipeline state answered HTTP %s", self.adm.run_id, status)
+            return None
+        return body
+
+    def _fill_pipeline_gaps(self, ts: int, out: list[dict[str, Any]]) -> None:
+        """Events the live stream skipped exist in the kernel's journal: deliver them too."""
+        if not self.translator.pipeline_seen:
+            return
+        state = self._pipeline_state(snapshot=False)
+        for envelope in (state or {}).get("events") or []:
+            if isinstance(envelope, dict):
+                self.translator.map_envelope(envelope, ts, out)
+
+    def _recover_pipeline(self, out: list[dict[str, Any]]) -> None:
+        """A Resume starts from the kernel's pipeline snapshot plus what the client missed."""
+        state = self._pipeline_state(snapshot=True)
+        if state is None:
+            return
+        ts = self.engine._now_ms()
+        snapshot = state.get("snapshot")
+        if isinstance(snapshot, dict):
+            out.append(self.translator.snapshot_event(snapshot, ts))
+        for envelope in state.get("events") or []:
+            if isinstance(envelope, dict):
+                self.translator.map_envelope(envelope, ts, out)
+
     # ------------------------------------------------------------------ interrupts
     def _interrupt(self, inputs: list[dict[str, Any]], ts: int, out: list[dict[str, Any]]) -> bytes:
         """Persist the pending interrupts, then announce them (fail closed)."""
@@ -611,11 +659,13 @@ class _RunStream:
             pending[input_id] = {
                 "input": intr.allowlisted(kernel_input),
                 "interrupt": intr.build_interrupt(kernel_input, expires_at=expires_at, language=self.adm.language),
+                "sideband": input_id in self.sideband_ids,
             }
         if not pending:
             return self._on_end(ts, out)
-
+        self._fill_pipeline_gaps(ts, out)
         digests = self.translator.text_digests()
+        progress = self.translator.pipeline.to_json()
 
         def commit(record: ThreadRecord) -> None:
             execution = record.execution
@@ -627,6 +677,7 @@ class _RunStream:
             execution.pending = merged
             execution.task_id = execution.task_id or task_id
             execution.text_digests = digests
+            execution.pipeline = progress
 
         try:
             record = self.engine.persist(self.adm.thread_id, commit)
@@ -679,10 +730,22 @@ class _RunStream:
             self._cancel_and_retire()
             raise _Terminal("CANCELLED", msg.CANCELLED_BY_RESPONSE)
         self._check_kernel_task()
-        # Permission decisions first: they unblock tools the questions may depend on.
-        answers.sort(key=lambda a: 0 if a["kind"] == "permission" else 1)
-        self.answers = answers
-        self._send_next_answer()
+        out.extend(self.translator.reopen_steps(self.engine._now_ms()))
+        if self.translator.pipeline_seen or self.adm.run_input.props.run_mode == "pipeline":
+            self._recover_pipeline(out)
+        # Sideband answers (candidate-scope permissions) go out one by one as unary calls;
+        # then the others in order, permissions first; the last one's stream continues the run.
+        sideband = [a for a in answers if a["sideband"]]
+        for answer in sideband:
+            self._send_unary(answer)
+        rest = [a for a in answers if not a["sideband"]]
+        rest.sort(key=lambda a: 0 if a["kind"] == "permission" else 1)
+        self.answers = rest
+        if rest:
+            self._send_next_answer()
+        else:
+            task_id = self.task_id or ""
+            self._open(lambda: self.engine.kernel.follow(task_id))
 
     def _answer(self, entry: Any, stored: dict[str, Any], digest: str) -> dict[str, Any]:
         """Validate one answer against its interrupt and turn it into a kernel message part."""
@@ -696,9 +759,15 @@ class _RunStream:
             "kind": "permission" if permission else "text",
             "cancel_execution": False,
             "tool_use_id": kernel_input.get("toolUseId"),
+            "sideband": bool(stored.get("sideband")) and permission,
         }
         payload = entry.payload
+        kind = kernel_input.get("kind")
         if entry.status == "cancelled":
+            if kind == intr.RESOURCE_SELECTION:
+                answer["part"] = {"text": "cancel"}
+                answer["input_response"] = intr.resource_response(kernel_input, None, task_id=self.task_id)
+                return answer
             if not permission:
                 answer["cancel_execution"] = True
                 return answer
@@ -718,6 +787,10 @@ class _RunStream:
                 tool_use_id=tool_use_id,
                 decision=payload["decision"],
             )
+        elif kind == intr.RESOURCE_SELECTION:
+            response = intr.resource_response(kernel_input, payload, task_id=self.task_id)
+            answer["part"] = {"text": str(response.get("label") or response.get("value"))}
+            answer["input_response"] = response
         else:
             text = intr.answer_text(kernel_input, payload)
             if not text:
@@ -776,17 +849,41 @@ class _RunStream:
             self._cancel_and_retire()
             raise _Terminal("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
 
-    def _send_next_answer(self) -> None:
-        answer = self.answers.pop(0)
-        self.current_answer = answer
+    def _send_unary(self, answer: dict[str, Any]) -> None:
+        """A sideband answer: accepted when the unary call returns."""
+        try:
+            self.engine.kernel.send_message(self._answer_message(answer))
+        except KernelRejected as exc:
+            raise self._answer_rejection(exc) from None
+        except KernelUnavailable as exc:
+            log.warning("run %s: kernel unavailable for an answer: %s", self.adm.run_id, exc)
+            raise _Terminal("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
+        self._accept(answer)
+
+    def _answer_rejection(self, exc: KernelRejected) -> _Terminal:
+        data = exc.data
+        if isinstance(data, dict) and data.get("code") == "SESSION_BACKUP_NOT_READY":
+            return _Terminal("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
+        log.warning("run %s: the kernel rejected an answer: %s", self.adm.run_id, exc)
+        return _Terminal("A2A_UNAVAILABLE", msg.RESUME_REJECTED)
+
+    def _answer_message(self, answer: dict[str, Any]) -> dict[str, Any]:
         adm = self.adm
-        message = outbound.user_turn(
+        metadata = outbound.turn_metadata(adm.run_input.props, self.record.cwd, adm.language)
+        if answer.get("input_response"):
+            metadata["inputResponse"] = answer["input_response"]
+        return outbound.user_turn(
             message_id=f"agui-resume-{_short(adm.run_id)}-{answer['id']}",
             context_id=self.record.context_id,
             parts=[answer["part"]],
-            metadata=outbound.turn_metadata(adm.run_input.props, self.record.cwd, adm.language),
+            metadata=metadata,
             task_id=self.task_id,
         )
+
+    def _send_next_answer(self) -> None:
+        answer = self.answers.pop(0)
+        self.current_answer = answer
+        message = self._answer_message(answer)
         self._open(lambda: self.engine.kernel.send_streaming_message(message))
 
     def _accept(self, answer: dict[str, Any]) -> None:

@@ -68,8 +68,8 @@ class Execution:
     terminal: bool = False
     # inputId -> {"input": allowlisted kernel input, "interrupt": AG-UI interrupt, "sideband": bool}
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pipeline_sequence: int = 0
-    open_steps: list[str] = field(default_factory=list)
+    # PipelineProgress.to_json(): delivered journal sequences and open business steps
+    pipeline: dict[str, Any] = field(default_factory=dict)
     text_digests: list[str] = field(default_factory=list)
 
 
@@ -146,8 +146,7 @@ class ThreadRecord:
                 task_id=_opt_str(ex.get("taskId")),
                 terminal=bool(ex.get("terminal", False)),
                 pending=dict(ex.get("pending") or {}),
-                pipeline_sequence=int(ex.get("pipelineSequence") or 0),
-                open_steps=[str(s) for s in ex.get("openSteps") or []],
+                pipeline=dict(ex.get("pipeline") or {}),
                 text_digests=[str(s) for s in ex.get("textDigests") or []],
             )
             return cls(

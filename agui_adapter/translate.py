@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from . import pipeline as pl
 from .events import Event
+from .pipeline import PipelineProgress
 
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected", "auth-required"})
 FAILURE_STATES = frozenset({"failed", "rejected", "auth-required"})
@@ -189,6 +191,7 @@ class RunTranslator:
         *,
         id_namespace: str | None = None,
         prior_text_digests: Iterable[str] = (),
+        pipeline: PipelineProgress | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -208,6 +211,10 @@ class RunTranslator:
         self._usage: dict[tuple[str | None, str | None], dict[str, int]] = {}
         self.text_emitted = False
         self.failure_detail: str | None = None
+        self.pipeline = pipeline or PipelineProgress()
+        self.pipeline_seen = pipeline is not None and bool(pipeline.high_water or pipeline.open_steps)
+        self._event_ids: set[str] = set()
+        self._active_steps: dict[str, None] = {}
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
@@ -226,6 +233,9 @@ class RunTranslator:
         out: list[Event] = []
         iac = info.iac
         if iac:
+            if "pipeline" in iac or "pipelineBatch" in iac:
+                for envelope in pl.envelopes(iac):
+                    self.map_envelope(envelope, ts, out)
             thinking = iac.get("thinking")
             if isinstance(thinking, dict):
                 self._map_thinking(thinking, ts, out)
@@ -258,7 +268,7 @@ class RunTranslator:
             return  # the kernel repeats the whole answer at the end
         self.emit_text(message_id or "assistant", text, ts, out)
 
-    def emit_text(self, kernel_id: str, text: str, ts: int, out: list[Event]) -> None:
+    def emit_text(self, kernel_id: str, text: str, ts: int, out: list[Event], *, parallel: bool = False) -> None:
         shown = self._shown.get(kernel_id)
         if shown is None:
             text = self._strip_shown_prefix(text)
@@ -270,7 +280,7 @@ class RunTranslator:
             self._close_reasoning(ts, out)
         agui_id = self._text_alias.get(kernel_id)
         if agui_id is None or agui_id not in self._open_text:
-            if self._current_text is not None:
+            if self._current_text is not None and not parallel:
                 self._close_text(self._current_text, ts, out)
             agui_id = self._fresh(kernel_id)
             self._text_alias[kernel_id] = agui_id
@@ -302,12 +312,12 @@ class RunTranslator:
             # deterministic: the most recently opened message still open
             self._current_text = next(reversed(self._open_text), None) if self._open_text else None
 
-    def _map_thinking(self, thinking: dict[str, Any], ts: int, out: list[Event]) -> None:
+    def _map_thinking(self, thinking: dict[str, Any], ts: int, out: list[Event], base: str | None = None) -> None:
         text = thinking.get("text")
         if thinking.get("type") != "raw_thinking" or not isinstance(text, str) or not text:
             return
         if not self._open_reasoning:
-            rid = self._fresh(f"reasoning-{self._current_text or self.run_id}")
+            rid = self._fresh(f"reasoning-{base or self._current_text or self.run_id}")
             self._open_reasoning[rid] = None
             out.append(ev.reasoning_start(ts, rid))
             out.append(ev.reasoning_message_start(ts, rid))
@@ -353,6 +363,95 @@ class RunTranslator:
         content = result if isinstance(result, str) else compact_json(result)
         out.append(ev.tool_result(ts, self._fresh(f"tool-result-{tool_id}"), tool_id, content))
 
+    # --- pipeline -------------------------------------------------------------------------
+    def reopen_steps(self, ts: int) -> list[Event]:
+        """A Resume run starts by reopening the business steps still open (durably)."""
+        out = []
+        for key in sorted(self.pipeline.open_steps):
+            if key not in self._active_steps:
+                self._active_steps[key] = None
+                out.append(ev.step_started(ts, pl.step_name(key)))
+        return out
+
+    def snapshot_event(self, snapshot: dict[str, Any], ts: int) -> Event:
+        run_id = snapshot.get("pipelineRunId")
+        if isinstance(run_id, str) and run_id:
+            self.pipeline.run_id = run_id
+        pipeline_run_id = self.pipeline.run_id or f"pipeline-{self.thread_id}"
+        content = {"schemaVersion": 1, "pipelineRunId": pipeline_run_id, "snapshot": normalize_numbers(snapshot)}
+        self.pipeline_seen = True
+        return ev.activity_snapshot(ts, self._fresh(f"pipeline:{pipeline_run_id}"), pl.PIPELINE_EVENT, content)
+
+    def map_envelope(self, envelope: dict[str, Any], ts: int, out: list[Event]) -> None:
+        """One pipeline envelope (live or recovered from the journal), at most once."""
+        self.pipeline_seen = True
+        event_id = envelope.get("eventId")
+        sequence = pl.sequence_of(envelope)
+        if isinstance(event_id, str):
+            if event_id in self._event_ids:
+                return
+            self._event_ids.add(event_id)
+        if sequence is not None:
+            if self.pipeline.seen(sequence):
+                return
+            self.pipeline.mark(sequence)
+        envelope = normalize_numbers(envelope)
+        run_id = envelope.get("pipelineRunId")
+        if self.pipeline.run_id is None and isinstance(run_id, str) and run_id:
+            self.pipeline.run_id = run_id
+        kind = envelope.get("eventType") or "pipeline_event"
+        data = envelope.get("data") if isinstance(envelope.get("data"), dict) else {}
+        if kind in pl.STEP_OPENERS:
+            self._open_step(envelope, ts, out)
+        if kind == "text_delta" and isinstance(data.get("text"), str):
+            key = pl.message_key(envelope, self.pipeline.run_id or f"pipeline-{self.thread_id}")
+            self.emit_text(key, data["text"], ts, out, parallel=True)
+        elif kind == "thinking_delta":
+            key = pl.message_key(envelope, self.pipeline.run_id or f"pipeline-{self.thread_id}")
+            self._map_thinking({"type": "raw_thinking", "text": data.get("text")}, ts, out, base=key)
+        elif kind == "tool_started":
+            self._map_tool(
+                {
+                    "status": "input_complete",
+                    "toolUseId": data.get("toolUseId"),
+                    "name": data.get("toolName"),
+                    "toolInput": data.get("input") if data.get("input") is not None else {},
+                },
+                ts,
+                out,
+            )
+        elif kind == "tool_result":
+            status = "failed" if data.get("isError") is True else "completed"
+            self._map_tool(
+                {"status": status, "toolUseId": data.get("toolUseId"), "result": data.get("result")}, ts, out
+            )
+        elif kind == "usage":
+            self.record_usage(data)
+        if kind in pl.STEP_CLOSERS:
+            self._close_step(envelope, ts, out)
+        if kind in pl.CUSTOM_EVENT_TYPES:
+            out.append(ev.custom(ts, pl.PIPELINE_EVENT, envelope))
+
+    def _open_step(self, envelope: dict[str, Any], ts: int, out: list[Event]) -> None:
+        key = pl.step_key(envelope)
+        if key is None:
+            return
+        self.pipeline.open_steps.add(key)
+        if key not in self._active_steps:
+            self._active_steps[key] = None
+            out.append(ev.step_started(ts, pl.step_name(key)))
+
+    def _close_step(self, envelope: dict[str, Any], ts: int, out: list[Event]) -> None:
+        key = pl.step_key(envelope)
+        if key is None or key not in self.pipeline.open_steps:
+            return
+        self.pipeline.open_steps.discard(key)
+        if key not in self._active_steps:  # opened in an earlier run: a zero-length span here
+            out.append(ev.step_started(ts, pl.step_name(key)))
+        else:
+            del self._active_steps[key]
+        out.append(ev.step_finished(ts, pl.step_name(key)))
+
     # --- usage ------------------------------------------------------------------------
     def record_usage(self, usage: dict[str, Any]) -> None:
         key = (_str(usage.get("provider")), _str(usage.get("model")))
@@ -388,6 +487,9 @@ class RunTranslator:
             out.append(ev.text_end(ts, agui_id))
         self._open_text.clear()
         self._current_text = None
+        for key in sorted(self._active_steps):
+            out.append(ev.step_finished(ts, pl.step_name(key)))
+        self._active_steps.clear()  # the durable open set survives: a Resume reopens it
         return out
 
     def finish(self, ts: int, outcome: dict[str, Any]) -> list[Event]:

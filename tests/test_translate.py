@@ -200,3 +200,50 @@ def test_question_schema_accepts_options_or_free_text() -> None:
             jsonschema.validate(bad, schema)
     assert intr.answer_text(kernel_input, {"selectedId": "a-2"}) == "A again"
     assert intr.answer_text(kernel_input, {"freeText": "hi"}) == "hi"
+
+
+def test_pipeline_capture_maps_steps_text_tools_and_customs() -> None:
+    from agui_adapter.pipeline import PipelineProgress
+
+    progress = PipelineProgress()
+    first = RunTranslator("thread-p", "run-1", pipeline=progress)
+    events: list[dict] = [{"type": "RUN_STARTED", "timestamp": 1, "threadId": "thread-p", "runId": "run-1"}]
+    infos = []
+    for frame in frames("34-pipeline-ask.sse.txt"):
+        info = inspect_frame(frame)
+        infos.append(info)
+        events += first.map(info, 2)
+    assert infos[-1].inputs and infos[-1].inputs[0]["kind"] == "ask_user_question"
+    events += first.finish(
+        3,
+        {
+            "type": "interrupt",
+            "interrupts": [intr.build_interrupt(infos[-1].inputs[0], expires_at="2030-01-01T00:00:00Z", language="en")],
+        },
+    )
+    check_stream(events)
+    types = [e["type"] for e in events]
+    assert "STEP_STARTED" in types and types.count("STEP_FINISHED") == 1  # closed for the interrupt only
+    assert progress.open_steps == {"step:intent_parsing"} and progress.high_water == 9
+    customs = [e["value"]["eventType"] for e in events if e["type"] == "CUSTOM"]
+    assert customs == ["pipeline_started"]
+    # the Resume run: the step is reopened, the answer stream continues it
+    second = RunTranslator("thread-p", "run-2", id_namespace="r2", pipeline=progress)
+    events = [{"type": "RUN_STARTED", "timestamp": 1, "threadId": "thread-p", "runId": "run-2"}]
+    events += second.reopen_steps(2)
+    for frame in frames("38-pipeline-answer.sse.txt"):
+        events += second.map(inspect_frame(frame), 2)
+    events += second.finish(3, {"type": "success"})
+    check_stream(events)
+    assert [e["stepName"] for e in events if e["type"] == "STEP_FINISHED"] == ["intent_parsing"]
+    assert progress.open_steps == set()
+    live = {e["value"]["sequence"] for e in events if e["type"] == "CUSTOM"}
+    assert live == {21}  # 19 and 20 exist only in the journal; 22 is not a CUSTOM type
+    journal = json.loads((DATA / "39-pipeline-state-all-events-after-completion.json").read_text())["events"]
+    assert not progress.seen(19) and progress.seen(22) and progress.seen(18)
+    recovered: list[dict] = []
+    for envelope in journal:
+        second.map_envelope(envelope, 4, recovered)
+    sequences = [e["value"]["sequence"] for e in recovered if e["type"] == "CUSTOM"]
+    assert sequences == [19]  # nothing delivered twice, nothing lost
+    assert progress.high_water == 24
