@@ -35,9 +35,9 @@ from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError
 from .i18n import translate
+from .pipeline import PipelineProgress
 from .pump import KernelPump
 from .store import Execution, RunLock, StoreError, ThreadRecord, ThreadStore
-from .pipeline import PipelineProgress
 from .translate import SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
 from .validation import RunInput, request_digest
 from .workspace import allowed_roots, ensure_workspace, resolve_workspace
