@@ -65,8 +65,8 @@ class Admission:
     run_input: RunInput
     language: str
     record: ThreadRecord
-    run_lock: RunLock
-    mode: str  # "turn" | "resume"
+    run_lock: RunLock | None  # None for guidance, which never holds the thread
+    mode: str  # "turn" | "resume" | "guidance"
     parts: list[dict[str, Any]] = field(default_factory=list)
     answers: list[dict[str, Any]] = field(default_factory=list)
 
@@ -118,15 +118,18 @@ class RunEngine:
         """Check and record a new run; raises AguiError (answered before the stream)."""
         props = run_input.props
         cwd = resolve_workspace(props.cwd, self.allowed_roots())
-        mode = "turn" if run_input.resume is None else "resume"
+        if props.active_guidance:
+            mode = "guidance"
+        else:
+            mode = "turn" if run_input.resume is None else "resume"
         parts: list[dict[str, Any]] = []
-        if mode == "turn":
+        if mode != "resume":
             _, parts = build_user_parts(run_input.messages)
         digest = request_digest(run_input.raw)
         thread_id = run_input.thread_id
         expired_task: list[str] = []
         try:
-            run_lock = self.store.try_lock_run(thread_id)
+            run_lock = None if mode == "guidance" else self.store.try_lock_run(thread_id)
         except StoreError as exc:
             log.error("thread %s: %s", thread_id, exc)
             raise AguiError("STATE_UNAVAILABLE", msg.STATE_UNAVAILABLE) from None
@@ -134,7 +137,7 @@ class RunEngine:
             with self.store.locked(thread_id):
                 record = self.store.load(thread_id)
                 if record is None:
-                    if mode != "turn" or props.active_guidance:
+                    if mode != "turn":
                         raise AguiError("EXECUTION_LOST", msg.EXECUTION_LOST_NO_THREAD)
                     record = ThreadRecord(
                         thread_id=thread_id,
@@ -168,7 +171,6 @@ class RunEngine:
             if run_lock is not None:
                 run_lock.release()
             raise
-        assert run_lock is not None
         for task_id in filter(None, expired_task):
             self.cancel_task_quietly(task_id)
         return Admission(run_input, language, record, run_lock, mode, parts=parts)
@@ -189,7 +191,7 @@ class RunEngine:
             if known == digest:
                 raise AguiError("DUPLICATE_RUN_ID", msg.DUPLICATE_RUN_ID)
             raise AguiError("RUN_ID_CONFLICT", msg.RUN_ID_CONFLICT)
-        if run_lock is None:
+        if run_lock is None and mode != "guidance":
             raise AguiError("THREAD_BUSY", msg.THREAD_BUSY)
         if cwd != record.cwd or props.user_id != record.user_id:
             raise AguiError("THREAD_BINDING_CONFLICT", msg.THREAD_BINDING_CONFLICT)
@@ -201,6 +203,14 @@ class RunEngine:
                 # Expired interrupts no longer hold the thread: the new turn replaces them.
                 log.info("thread %s: pending interrupts expired; starting a new turn", record.thread_id)
                 expired_task.append(execution.task_id or "")
+        elif mode == "guidance":
+            # Guidance steers a running pipeline: it needs one, and no interrupt may be waiting.
+            if run_input.resume is not None or props.run_mode != "pipeline":
+                raise AguiError("EXECUTION_LOST", msg.EXECUTION_LOST_NO_THREAD)
+            if not execution.task_id or execution.terminal:
+                raise AguiError("EXECUTION_LOST", msg.EXECUTION_LOST_NO_THREAD)
+            if execution.pending:
+                raise AguiError("RESUME_REQUIRED", msg.RESUME_REQUIRED)
         elif props.ros_invocation_id != execution.ros_invocation_id:
             raise AguiError("EXECUTION_LOST", msg.EXECUTION_LOST_MISMATCH)
 
@@ -358,6 +368,15 @@ class _RunStream:
                 metadata=outbound.turn_metadata(props, self.record.cwd, adm.language),
             )
             self._open(lambda: self.engine.kernel.send_streaming_message(message))
+        elif adm.mode == "guidance":
+            message = outbound.user_turn(
+                message_id=f"agui-guidance-{uuid.uuid4().hex}",
+                context_id=self.record.context_id,
+                parts=adm.parts,
+                metadata=outbound.turn_metadata(adm.run_input.props, self.record.cwd, adm.language),
+                task_id=self.task_id,
+            )
+            self._open(lambda: self.engine.kernel.send_streaming_message(message))
         else:
             self._start_resume(out)
 
@@ -380,6 +399,8 @@ class _RunStream:
                     final = self._on_frame(frame, ts, out)
                     if final is not None:
                         return final
+                if self.adm.mode == "guidance":
+                    raise _Terminal("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
                 if self.current_answer is not None and not self.current_answer.get("accepted"):
                     raise _Terminal("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
                 if self.answers and not (self.failed or self.canceled):
@@ -411,6 +432,8 @@ class _RunStream:
         if info.kind == "unknown":
             log.warning("run %s: ignoring an unrecognised kernel frame", self.adm.run_id)
             return None
+        if self.adm.mode == "guidance":
+            return self._on_guidance_frame(info, ts, out)
         self._check_identity(info)
         if self.current_answer is not None and not self.current_answer.get("accepted"):
             self._accept(self.current_answer)
@@ -434,6 +457,20 @@ class _RunStream:
                 return self._interrupt(fresh, ts, out)
             self.new_inputs.extend(i for i in fresh if i not in self.new_inputs)
         return None
+
+    def _on_guidance_frame(self, info: FrameInfo, ts: int, out: list[dict[str, Any]]) -> bytes:
+        """Guidance only needs the kernel to take the message; the pipeline's own run shows the rest."""
+        if info.task_id and info.task_id != self.task_id:
+            raise _Terminal("A2A_PROTOCOL_ERROR", msg.TASK_IDENTITY_CHANGED)
+        if info.context_id and info.context_id != self.record.context_id:
+            raise _Terminal("A2A_PROTOCOL_ERROR", msg.CONTEXT_IDENTITY_CHANGED)
+        if info.state in ("failed", "rejected", "auth-required"):
+            raise _Terminal("A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED)
+        if info.state == "canceled":
+            raise _Terminal("CANCELLED", msg.CANCELLED)
+        out.extend(self.translator.finish(ts, {"type": "success"}))
+        self._settle(retire=False)
+        return ev.encode_many(out)
 
     def _applied(self, kernel_input: dict[str, Any]) -> bool:
         input_id = kernel_input.get("inputId")
@@ -515,7 +552,7 @@ class _RunStream:
     def _end_with_error(self, out: list[dict[str, Any]], term: _Terminal) -> bytes:
         ts = self.engine._now_ms()
         out.extend(self.translator.fail(ts, term.code, self._t(term.message, **term.params)))
-        self._settle(retire=not self._has_pending())
+        self._settle(retire=self.adm.mode != "guidance" and not self._has_pending())
         return ev.encode_many(out)
 
     def _has_pending(self) -> bool:
@@ -546,7 +583,8 @@ class _RunStream:
                 self.engine.persist(self.adm.thread_id, retire_execution)
             except StoreError as exc:
                 log.warning("run %s: could not record its end: %s", self.adm.run_id, exc)
-        self.adm.run_lock.release()
+        if self.adm.run_lock is not None:
+            self.adm.run_lock.release()
 
     def _cancel_and_retire(self) -> None:
         """Fail closed: stop the kernel work and forget what cannot be resumed."""
@@ -564,13 +602,15 @@ class _RunStream:
             pass
 
     def _cancel_unrecoverable(self) -> None:
-        if not self._has_pending():
+        if self.adm.mode != "guidance" and not self._has_pending():
             self._cancel_and_retire()
 
     def _abandon(self) -> None:
         """The client went away (or the server is stopping) during a live run."""
-        log.info("run %s: client went away; cancelling the kernel task", self.adm.run_id)
         self.finished = True
+        if self.adm.mode == "guidance":  # the pipeline belongs to its own run
+            return
+        log.info("run %s: client went away; cancelling the kernel task", self.adm.run_id)
         try:
             if not self._has_pending():
                 if self.task_id:
@@ -595,7 +635,8 @@ class _RunStream:
 
                     self.pump.cancel_when_known(cancel_later)
         finally:
-            self.adm.run_lock.release()
+            if self.adm.run_lock is not None:
+                self.adm.run_lock.release()
 
     # ------------------------------------------------------------------ pipelines
     def _pipeline_state(self, *, snapshot: bool) -> dict[str, Any] | None:
