@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -222,9 +222,9 @@ class RunEngine:
         record.execution = Execution(execution_id=str(uuid.uuid4()), ros_invocation_id=ros_invocation_id)
 
     # ================================================================== streaming
-    def stream(self, admission: Admission) -> Iterator[bytes]:
-        """The SSE body of an admitted run."""
-        return _RunStream(self, admission).body()
+    def stream(self, admission: Admission) -> Iterable[bytes]:
+        """The SSE body of an admitted run (a WSGI iterable with ``close()``)."""
+        return _StreamBody(_RunStream(self, admission))
 
     def persist(self, thread_id: str, mutate: Callable[[ThreadRecord], None]) -> ThreadRecord:
         record = self.store.update(thread_id, mutate)
@@ -359,26 +359,18 @@ class _RunStream:
 
     def _start(self, out: list[dict[str, Any]]) -> None:
         adm = self.adm
-        if adm.mode == "turn":
-            props = adm.run_input.props
-            message = outbound.user_turn(
-                message_id=f"agui-{uuid.uuid4().hex}",
-                context_id=self.record.context_id,
-                parts=adm.parts,
-                metadata=outbound.turn_metadata(props, self.record.cwd, adm.language),
-            )
-            self._open(lambda: self.engine.kernel.send_streaming_message(message))
-        elif adm.mode == "guidance":
-            message = outbound.user_turn(
-                message_id=f"agui-guidance-{uuid.uuid4().hex}",
-                context_id=self.record.context_id,
-                parts=adm.parts,
-                metadata=outbound.turn_metadata(adm.run_input.props, self.record.cwd, adm.language),
-                task_id=self.task_id,
-            )
-            self._open(lambda: self.engine.kernel.send_streaming_message(message))
-        else:
+        if adm.mode == "resume":
             self._start_resume(out)
+            return
+        # A new turn starts a task; guidance is sent into the running pipeline task.
+        message = outbound.user_turn(
+            message_id=f"agui-{adm.mode}-{uuid.uuid4().hex}",
+            context_id=self.record.context_id,
+            parts=adm.parts,
+            metadata=outbound.turn_metadata(adm.run_input.props, self.record.cwd, adm.language),
+            task_id=self.task_id if adm.mode == "guidance" else None,
+        )
+        self._open(lambda: self.engine.kernel.send_streaming_message(message))
 
     def _open(self, open_stream: Callable[[], KernelStream | SnapshotStream]) -> None:
         self.reader = FrameReader()
@@ -951,6 +943,30 @@ def _short(run_id: str) -> str:
     import hashlib
 
     return hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:8]
+
+
+class _StreamBody:
+    """The WSGI body of a run. A server may close it without ever iterating it (the client
+    left before the first write): the admitted run must still give its thread back."""
+
+    def __init__(self, run: _RunStream) -> None:
+        self._run = run
+        self._body = run.body()
+        self._started = False
+
+    def __iter__(self) -> _StreamBody:
+        return self
+
+    def __next__(self) -> bytes:
+        self._started = True
+        return next(self._body)
+
+    def close(self) -> None:
+        if not self._started:
+            self._run.finished = True
+            if self._run.adm.run_lock is not None:
+                self._run.adm.run_lock.release()
+        self._body.close()
 
 
 def validate_payload(schema: dict[str, Any], payload: Any) -> str | None:

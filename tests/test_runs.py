@@ -325,3 +325,14 @@ def test_turn_after_adapter_restart(adapter_process: Any, workspace: Path) -> No
     assert session_value(first)["sessionId"] == session_value(second)["sessionId"]
     again = Client(second_proc.url).run(run_body(thread_id=thread, cwd=str(workspace), run_id=first.events[0]["runId"]))
     assert again.status == 409 and again.error["code"] in ("DUPLICATE_RUN_ID", "RUN_ID_CONFLICT")
+
+
+def test_a_body_closed_before_its_first_write_frees_the_thread(adapter: Any, workspace: Path) -> None:
+    from agui_adapter.validation import validate_run_input
+
+    engine = adapter.app.engine
+    body = run_body(thread_id="thread-never-iterated", cwd=str(workspace))
+    admission = engine.admit(validate_run_input(body), "en")
+    engine.stream(admission).close()  # what a WSGI server does when the client is already gone
+    again = adapter.client().run(run_body(thread_id="thread-never-iterated", cwd=str(workspace)))
+    assert again.status == 200, again.error
