@@ -160,6 +160,18 @@ class InProcessAdapter:
         self.server.server_close()
 
 
+def wait_until_unreachable(url: str, timeout: float) -> None:
+    """Fail unless nothing answers at ``url`` within ``timeout`` seconds (a stopped process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url, timeout=0.5)
+        except requests.ConnectionError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} still answers")
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     path = tmp_path / "ws"

@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import requests
 from agui_adapter.a2a import check_kernel_url
 from agui_adapter.config import ConfigError, load_settings
 
-from .conftest import ROOT, Client, run_body
+from .conftest import ROOT, Client, run_body, wait_until_unreachable
 
 
 def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
@@ -105,12 +104,4 @@ def test_run_py_works_out_of_the_box_and_stops_its_kernel(tmp_path: Path) -> Non
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            requests.get(kernel_url + "health", timeout=0.5)
-        except requests.ConnectionError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the kernel child outlived the adapter")
+    wait_until_unreachable(kernel_url + "health", 5)  # the kernel child does not outlive the adapter
