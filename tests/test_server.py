@@ -79,17 +79,25 @@ def test_bad_flag_exits_with_a_message() -> None:
     assert done.returncode == 2 and "port" in done.stderr
     done = subprocess.run(
         [sys.executable, "run.py", "--a2a-url", "http://192.0.2.1:9/"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 1 and "loopback" in done.stderr
 
 
 def test_run_py_works_out_of_the_box_and_stops_its_kernel(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE")}
-    env.update(IAC_CODE_CONFIG_DIR=str(tmp_path / "cfg"), PYTHONUNBUFFERED="1", IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp_path))
+    env.update(
+        IAC_CODE_CONFIG_DIR=str(tmp_path / "cfg"), PYTHONUNBUFFERED="1", IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp_path)
+    )
     proc = subprocess.Popen(
         [sys.executable, "run.py", "--port", "0", "--kernel", "scripted"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         assert proc.stdout is not None
