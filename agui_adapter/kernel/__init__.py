@@ -9,7 +9,9 @@ client path is exercised exactly as in production.
 
 ``ScriptedKernel`` starts it in a daemon thread; ``python -m agui_adapter.kernel``
 runs it as a process. The scripts (chosen by directives such as ``[WRITE]`` in
-the user text) are documented in :mod:`agui_adapter.kernel.scripted`.
+the user text) are documented in :mod:`agui_adapter.kernel.scripted`, including
+pipeline mode (``iac_code.run_mode: "pipeline"``: envelopes, batches, the journal
+behind ``/iac-code/pipeline/state`` and the ``[PIPE-...]`` directives).
 """
 
 from agui_adapter.kernel.scripted import (

@@ -25,8 +25,8 @@ Wire surface
   ``: ping - <timestamp>`` comment after ``keepalive_seconds`` of silence.
 * ``GET /health``, ``GET /.well-known/agent-card.json``,
   ``GET /iac-code/readiness``, ``POST /iac-code/session/ensure-restored``,
-  ``GET /iac-code/pipeline/state`` (always "not found": no pipeline mode yet;
-  override :meth:`KernelState.pipeline_snapshot` to add one).
+  ``GET /iac-code/pipeline/state`` (pipeline snapshot and journal, see
+  "Pipeline mode"; :meth:`KernelState.pipeline_snapshot` builds the body).
 * Test hooks: ``GET /_scripted/requests`` (the JSON-RPC request log) and
   ``POST /_scripted/reset`` (clears it).
 * With a token configured, every route needs ``Authorization: Bearer <token>``
@@ -89,6 +89,130 @@ line each, in that order), else the default.
     ``n`` deltas ``"x"`` sent as fast as possible (one pre-serialised frame,
     256 frames per write), then usage / final (``"x" * n``) / INPUT_REQUIRED.
 
+Pipeline mode
+-------------
+A new turn whose metadata has ``iac_code.run_mode == "pipeline"`` runs a
+scripted pipeline instead (``pipeline_name`` ``selling`` - the default, also
+for ``""`` - or ``selling_solution_first``, which differs only in its name;
+any other name is -32602; ``candidatePresentation: "rich-v1"`` adds
+``summary``, ``architectureDiagram``, ``totalMonthlyCost`` and ``costItems``
+to candidate options). The normal directives above are ignored there.
+
+Every pipeline event is an envelope ``{schemaVersion:"1.0", extensionUri:
+"urn:iac-code:a2a:pipeline-events:v1", eventId:"evt-<32hex>", sequence,
+createdAt, eventType, scope, pipelineRunId (= contextId), taskId, contextId,
+pipelineName, status, data, iacCodeSessionId, step?, candidate?,
+candidateStep?, input?, visibility?}``. Live, one statusUpdate carries one
+envelope as ``iac_code.pipeline`` (numbers as floats), or a burst of them as
+``iac_code.pipelineBatch {schemaVersion, extensionUri, events}``; the task
+state follows the (last) envelope's status: working -> WORKING,
+input_required -> INPUT_REQUIRED, completed -> COMPLETED, failed -> FAILED.
+As in captures 33/34/38, a pipeline turn sends the ``task`` frame and then
+``pipeline_started`` (no plain SUBMITTED/WORKING frames), answer streams start
+with the first envelope (no ``task`` frame), and pipeline frames carry the
+session id only inside the envelope. Sequences are per pipelineRunId and go
+on across pipelines of one context.
+
+Every envelope is also journaled (integers, as the REST endpoint shows them).
+``GET /iac-code/pipeline/state?taskId=`` (or ``contextId=``, the context's
+latest pipeline) returns ``{"snapshot": {...}, "events": []}``;
+``afterSequence=N&includeSnapshot=false`` returns ``{"fromSequence": N,
+"lastSequence": M, "events": [journal envelopes with sequence > N]}``;
+``afterSequence=N`` alone returns the snapshot and those events; ``lean=1``
+leaves ``display.toolResults`` out of the snapshot. No ids: 400; a bad
+``afterSequence``: 400; not a pipeline task: 404 ``{"error": "A2A pipeline
+state not found"}``.
+
+The default run: ``pipeline_started`` (data totalSteps, stepNames, userRequest,
+pipelineType), then for each of ``intent_parsing``, ``architecture_planning``,
+``evaluate_candidates``, ``confirm_and_select``, ``deploying``:
+``step_started``, ``context_usage``, ``message_started``, ``text_delta``
+(``"Working on <step>."``), ``tool_started`` (``complete_step``), a batch
+[``usage``, ``context_usage``], ``tool_result``, ``step_completed``. The end
+repeats capture 38: ``pipeline_completed`` and ``pipeline_handoff_ready``
+(visibility ``pending_backup``) exist only in the journal (n, n+1); live come
+``pipeline_completed`` n+2, ``backup_committed`` n+4, ``pipeline_handoff_ready``
+n+3, ``backup_committed`` n+5 (visibility ``committed``, state COMPLETED), and
+the stream closes. The context is then back in normal chat: a later turn
+without ``run_mode: pipeline`` is a normal turn; the pipeline task is terminal.
+
+Pipeline directives (combine freely):
+
+``[PIPE-ASK]``
+    intent_parsing asks: ``tool_started`` (ask_user_question), batch
+    [usage, context_usage], then ``input_required`` (data and ``input`` as in
+    capture 34) in the INPUT_REQUIRED statusUpdate that also carries
+    ``iac_code.input {schemaVersion:1.0, kind:"ask_user_question", required,
+    requestTaskId, contextId, inputId:"ask-<toolUseId>", toolUseId, prompt,
+    allowFreeText:true, options:[hz/cn-hangzhou, sh/cn-shanghai]}``; the stream
+    closes. Answer: a text message with the task's ``taskId`` (label or id
+    selects an option, anything else is free text) -> ``input_received`` (data
+    kind, inputId, toolUseId, question, options, allowFreeText, selectedId,
+    selectedLabel, freeText, freeTextLength, answerTextLength), then the step
+    goes on.
+``[PIPE-CANDIDATES]``
+    evaluate_candidates runs candidates ``c1`` (Plan A) and ``c2`` (Plan B):
+    ``candidate_started`` x2, ``candidate_step_started`` x2,
+    ``message_started`` x2, ``text_delta`` c1, c2, then a batch c1, c2 (scope
+    ``candidate`` with ``candidate {id, runId, subPipelineId}`` and
+    ``candidateStep {id:"price_estimation", runId}``),
+    ``candidate_step_completed`` x2, ``candidate_completed`` x2.
+    confirm_and_select then waits for ``candidate_selection`` (inputId
+    ``select-<toolUseId>``, options c1/c2, no free text; answer the label or
+    id -> ``input_received`` + ``candidate_selected``) and deploying for
+    ``deployment_confirmation`` (inputId ``confirm-<toolUseId>``, options
+    ``confirm``/``Confirm`` and ``cancel``/``Cancel``; cancel ends the
+    pipeline with ``earlyExit: true`` and outcome ``early_exit``). Text that
+    matches no option is -32602.
+``[PIPE-PERMS]``
+    evaluate_candidates runs the candidates (as above, without the later
+    waits unless ``[PIPE-CANDIDATES]`` is given too) and each asks for a
+    ``describe_prices`` permission: ``tool_started`` per candidate, then one
+    INPUT_REQUIRED statusUpdate with a batch of two ``permission_requested``
+    envelopes, ``iac_code.input`` (the first), ``iac_code.permission`` and
+    ``iac_code.pendingPermissions: [env1, env2]`` (capture 02 envelopes plus
+    ``scope:"candidate"`` and ``subPipelineId``). Answer each with the six-key
+    permission data part (``SendMessage`` or ``SendStreamingMessage``). The
+    first answer is acknowledged in place (WORKING with ``inputReceived
+    {toolUseId, kind, inputId, decision}`` and a ``permission_resolved``
+    envelope, then INPUT_REQUIRED listing the remaining wait; unary returns
+    that task). The last answer gets the same acknowledgement and the pipeline
+    continues: a streaming answer carries the continuation; a unary one
+    returns the (WORKING) task at once and the continuation waits up to
+    ``PIPELINE_SUBSCRIBE_GRACE`` seconds for a ``SubscribeToTask`` (first the
+    current Task, then the live updates until the turn ends). Candidate
+    ``tool_result`` is an error for ``deny``.
+``[PIPE-RESOURCE]``
+    architecture_planning waits for ``cloud_resource_selection``
+    (``iac_code.input`` and the same envelope as ``iac_code.inputRequired``:
+    inputId ``resource-<toolUseId>``, prompt, ``selector {selectorId:"vpc",
+    options:[{value:"vpc-1", label:"default VPC"}]}``). Answer with any text
+    part and ``iac_code.inputResponse {schemaVersion:1, kind, status:
+    "selected"|"canceled", requestTaskId, contextId, inputId, toolUseId,
+    selectorId, value, label?, source?, optionsEmpty?}`` (``message.taskId``
+    optional) -> ``input_received`` (kind, inputId, toolUseId, selectorId,
+    status, value, label). Wrong keys/values, an unknown value or a plain text
+    answer: -32602.
+``[PIPE-FAIL]``
+    architecture_planning fails (capture 33): ``step_failed`` (FAILED), then
+    ``pipeline_error``, and the end pattern with ``pipeline_failed`` (data
+    totalSteps, failed) and a handoff with outcome ``failed`` - five more
+    FAILED frames after the first before the stream closes.
+``[PIPE-OOO]``
+    In architecture_planning the usage pair goes out reversed (n+1, then n) as
+    two frames, and the step's ``tool_result`` (n+2) exists only in the journal.
+``[PIPE-SLOW]``
+    0.5 s x ``delay_scale`` between steps.
+
+Answers to pipeline waits: a permission answer that names no pending wait is
+-32602 ``permission_resume_invalid: pending permission is not active.``
+(capture 18); an ``inputResponse`` for no pending wait is -32602
+``input_resume_invalid: pending input is not active.``; text for a permission
+wait is -32602.
+``CancelTask`` on a running pipeline adds a ``pipeline_canceled`` envelope to
+the CANCELED frame. All pipeline state lives in :class:`KernelState`, so a
+restarted adapter can read the snapshot and answer the same waits.
+
 Context and task rules follow the real kernel: a context maps to one session
 id and is bound to its first cwd; a relative cwd fails the task with
 ``Invalid A2A workspace metadata.``; a new turn while another task of the
@@ -118,6 +242,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import copy
 import functools
 import hashlib
 import hmac
@@ -127,8 +253,9 @@ import queue
 import re
 import tempfile
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -239,6 +366,7 @@ _PERMISSION_TEXTS: dict[str, dict[str, str]] = {
 }
 
 _CLOSE = object()  # end-of-stream sentinel put on subscriber queues
+_ACK = object()  # "answer acknowledged": unary SendMessage returns; streams ignore it
 _UTC = timezone.utc  # noqa: UP017 - datetime.UTC needs Python 3.11; we support 3.10
 
 
@@ -461,7 +589,8 @@ class _Canceled(Exception):
 
 
 _DIRECTIVE_RE = re.compile(
-    r"\[(?P<flag>THINK|TOOL|PROGRESS|WRITE|ASK|SLOW|FAIL|IMAGES|ECHO|RECALL)\]"
+    r"\[(?P<flag>THINK|TOOL|PROGRESS|WRITE|ASK|SLOW|FAIL|IMAGES|ECHO|RECALL"
+    r"|PIPE-(?:ASK|CANDIDATES|PERMS|RESOURCE|FAIL|OOO|SLOW))\]"
     r"|\[(?P<arg>SILENT|FAST)\s+(?P<num>\d+(?:\.\d*)?|\.\d+)\]"
 )
 
@@ -532,6 +661,7 @@ class _Task:
     canceled: bool = False
     subscribers: list[queue.SimpleQueue[Any]] = field(default_factory=list)
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    attached: threading.Event = field(default_factory=threading.Event)  # set by SubscribeToTask
     execution_id: str = field(default_factory=lambda: "exec-" + uuid.uuid4().hex)
 
 
@@ -541,6 +671,7 @@ class _Turn:
     iac: dict[str, Any]
     image_types: tuple[str, ...]
     turns: int
+    pipeline: _Pipeline | None = None
 
 
 class KernelState:
@@ -565,6 +696,9 @@ class KernelState:
         self.lock = threading.Lock()
         self.contexts: dict[str, _Context] = {}
         self.tasks: dict[str, _Task] = {}
+        self.pipelines: dict[str, _Pipeline] = {}  # by taskId
+        self.context_pipelines: dict[str, str] = {}  # contextId -> taskId of its latest pipeline
+        self.pipeline_sequences: dict[str, int] = {}  # contextId (= pipelineRunId) -> last sequence
         self._requests: list[dict[str, Any]] = []
         self._seq = 0
         self._default_cwd = default_cwd
@@ -593,8 +727,94 @@ class KernelState:
     def pipeline_snapshot(
         self, task_id: str | None, context_id: str | None, args: dict[str, str]
     ) -> dict[str, Any] | None:
-        """Body of ``GET /iac-code/pipeline/state``; ``None`` means 404 (no pipeline mode yet)."""
-        return None
+        """Body of ``GET /iac-code/pipeline/state``; ``None`` means 404 (not a pipeline task).
+
+        Raises ``ValueError`` (HTTP 400) for a malformed ``afterSequence``.
+        """
+        raw_after = args.get("afterSequence")
+        after: int | None = None
+        if raw_after not in (None, ""):
+            try:
+                number = float(str(raw_after))  # "7" and "7.0" (a live sequence) alike
+            except ValueError:
+                number = -1.0
+            after = int(number) if number.is_integer() else -1
+            if after < 0:
+                raise ValueError("afterSequence must be a non-negative integer.")
+        include = str(args.get("includeSnapshot", "true")).strip().lower() not in ("false", "0", "no")
+        lean = str(args.get("lean", "")).strip().lower() in ("1", "true", "yes")
+        with self.lock:
+            pipe: _Pipeline | None = None
+            if task_id is not None:
+                pipe = self.pipelines.get(task_id)
+                if pipe is not None and context_id is not None and pipe.context_id != context_id:
+                    pipe = None
+            elif context_id is not None:
+                pipe = self.pipelines.get(self.context_pipelines.get(context_id, ""))
+            if pipe is None:
+                return None
+            events = [e for e in pipe.journal if e["sequence"] > (after or 0)]
+            last = pipe.seq
+            if not include:
+                return {"fromSequence": after or 0, "lastSequence": last, "events": events}
+            body: dict[str, Any] = {"snapshot": pipe.snapshot(lean=lean)}
+            if after is None:
+                body["events"] = []
+            else:
+                body.update({"fromSequence": after, "lastSequence": last, "events": events})
+            return body
+
+    def pipeline_event_locked(
+        self,
+        pipe: _Pipeline,
+        event_type: str,
+        data: dict[str, Any] | None = None,
+        *,
+        status: str = "working",
+        step: dict[str, Any] | None = None,
+        candidate: dict[str, Any] | None = None,
+        candidate_step: dict[str, Any] | None = None,
+        visibility: str | None = None,
+        input_: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create one pipeline envelope, journal it and project it into the snapshot."""
+        pipe.seq = self.pipeline_sequences.get(pipe.context_id, 0) + 1
+        self.pipeline_sequences[pipe.context_id] = pipe.seq
+        scope = "candidate" if candidate is not None else "step" if step is not None else "pipeline"
+        envelope: dict[str, Any] = {
+            "schemaVersion": "1.0",
+            "extensionUri": PIPELINE_EXTENSION_URI,
+            "eventId": "evt-" + uuid.uuid4().hex,
+            "sequence": pipe.seq,
+            "createdAt": datetime.now(_UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "eventType": event_type,
+            "scope": scope,
+            "pipelineRunId": pipe.context_id,
+            "taskId": pipe.task_id,
+            "contextId": pipe.context_id,
+            "pipelineName": pipe.name,
+            "status": status,
+            "data": data if data is not None else {},
+            "iacCodeSessionId": pipe.session_id,
+        }
+        for key, value in (
+            ("step", step),
+            ("candidate", candidate),
+            ("candidateStep", candidate_step),
+            ("input", input_),
+            ("visibility", visibility),
+        ):
+            if value is not None:
+                envelope[key] = value
+        pipe.journal.append(envelope)
+        pipe.apply(envelope)
+        return envelope
+
+    def signal(self, task: _Task, item: object) -> None:
+        """Put a sentinel (``_ACK``) on every stream attached to the task."""
+        with self.lock:
+            for subscriber in task.subscribers:
+                subscriber.put(item)
 
     def default_cwd(self) -> str:
         """Workspace for turns that never sent a cwd (created lazily, outside the repo)."""
@@ -675,7 +895,10 @@ class KernelState:
         if history:
             snap["history"] = list(history)
         iac: dict[str, Any] = {}
-        if task.pending is not None:
+        pipe = self.pipelines.get(task.id)
+        if pipe is not None and pipe.waits:
+            iac.update(_wait_iac(pipe.waits))
+        elif task.pending is not None:
             iac["input"] = task.pending.envelope
             if task.pending.permission is not None:
                 iac["permission"] = task.pending.permission
@@ -752,6 +975,13 @@ class KernelState:
             if not task.running:
                 raise _not_cancelable()
             task.canceled = True
+            pipe = self.pipelines.get(task.id)
+            canceled_event: dict[str, Any] | None = None
+            if pipe is not None:
+                pipe.waits.clear()
+                canceled_event = self.pipeline_event_locked(
+                    pipe, "pipeline_canceled", {"reason": CANCEL_TEXT}, status="canceled"
+                )
             status = {
                 "state": CANCELED,
                 "message": {
@@ -770,6 +1000,8 @@ class KernelState:
             }
             if task.session_id:
                 update["metadata"] = {"iac_code": {"iacCodeSessionId": task.session_id}}
+            if canceled_event is not None:
+                update["metadata"] = {"iac_code": {"pipeline": _struct(canceled_event)}}
             self._apply_status_locked(task, status, 1)
             for subscriber in task.subscribers:
                 subscriber.put(({"statusUpdate": update}, 1))
@@ -986,6 +1218,509 @@ class _Run:
         )
 
 
+# --------------------------------------------------------------------------- pipelines
+
+PIPELINE_EXTENSION_URI = "urn:iac-code:a2a:pipeline-events:v1"
+PIPELINE_NAMES = ("selling", "selling_solution_first")
+PIPELINE_STEPS = (
+    "intent_parsing",
+    "architecture_planning",
+    "evaluate_candidates",
+    "confirm_and_select",
+    "deploying",
+)
+PIPELINE_FIELDS = {
+    "intent_parsing": "intent",
+    "architecture_planning": "architecture",
+    "evaluate_candidates": "evaluated_candidates",
+    "confirm_and_select": "selected_plan",
+    "deploying": "deployment",
+}
+PIPELINE_CONCLUSIONS: dict[str, dict[str, Any]] = {
+    "intent_parsing": {
+        "is_infra_intent": True,
+        "confidence": "high",
+        "category": "website",
+        "user_message_summary": "small website",
+    },
+    "architecture_planning": {"summary": "A small web tier on Alibaba Cloud.", "region": "cn-hangzhou"},
+    "evaluate_candidates": {"candidateIds": []},
+    "confirm_and_select": {"candidateId": None},
+    "deploying": {"deployed": True},
+}
+#: Seconds a pipeline resumed by a unary SendMessage waits for a SubscribeToTask (unscaled).
+PIPELINE_SUBSCRIBE_GRACE = 2.0
+SELECT_PROMPT = "Which plan should be deployed?"
+CONFIRM_PROMPT = "Deploy the selected plan now?"
+CONFIRM_OPTIONS = ({"id": "confirm", "label": "Confirm"}, {"id": "cancel", "label": "Cancel"})
+RESOURCE_PROMPT = "Which VPC should host the site?"
+RESOURCE_SELECTOR = {"selectorId": "vpc", "options": [{"value": "vpc-1", "label": "default VPC"}]}
+STEP_FAIL_TEXT = "No conclusion extracted"
+INPUT_NOT_ACTIVE = "input_resume_invalid: pending input is not active."
+INPUT_RESPONSE_MISMATCH = "Input response payload fields do not match schemaVersion 1."
+NO_OPTION_TEXT = "The answer does not match any option."
+INPUT_RESPONSE_KEYS = frozenset(
+    {"schemaVersion", "kind", "status", "requestTaskId", "contextId", "inputId", "toolUseId", "selectorId", "value"}
+)
+INPUT_RESPONSE_OPTIONAL = frozenset({"label", "source", "optionsEmpty"})
+CANDIDATES: tuple[dict[str, Any], ...] = (
+    {
+        "id": "c1",
+        "label": "Plan A",
+        "summary": "One ECS instance behind an SLB.",
+        "architectureDiagram": "flowchart LR\n  user --> slb --> ecs",
+        "totalMonthlyCost": 42.5,
+        "costItems": [
+            {"name": "ECS ecs.t6-c1m1.large", "monthlyCost": 30.0},
+            {"name": "SLB", "monthlyCost": 12.5},
+        ],
+    },
+    {
+        "id": "c2",
+        "label": "Plan B",
+        "summary": "A static site on OSS behind CDN.",
+        "architectureDiagram": "flowchart LR\n  user --> cdn --> oss",
+        "totalMonthlyCost": 8.0,
+        "costItems": [
+            {"name": "OSS standard storage", "monthlyCost": 2.0},
+            {"name": "CDN traffic", "monthlyCost": 6.0},
+        ],
+    },
+)
+_PIPE_STATES = {
+    "working": WORKING,
+    "input_required": INPUT_REQUIRED,
+    "completed": COMPLETED,
+    "failed": FAILED,
+    "canceled": CANCELED,
+}
+_PIPE_USAGE = {
+    "cachedInputTokens": 0,
+    "provider": "openai",
+    "model": "other",
+    "inputTokens": 11,
+    "outputTokens": 7,
+    "totalTokens": 18,
+}
+
+
+def _context_usage(messages: int) -> dict[str, Any]:
+    user, assistant = 13 * messages, 9 * messages
+    total = 4871 + 1237 + user + assistant
+    return {
+        "contextWindow": 128000,
+        "assistantMessageTokens": assistant,
+        "toolResultTokens": 0,
+        "messageCount": messages,
+        "totalTokens": total,
+        "userMessageTokens": user,
+        "systemPromptTokens": 4871,
+        "toolDefinitionTokens": 1237,
+        "usagePercent": total / 1280,
+    }
+
+
+def _handoff_summary(name: str, outcome: str) -> str:
+    return (
+        "[Pipeline Handoff Context]\n"
+        "This is injected context for the assistant, not a user request.\n"
+        f"Pipeline: {name}\nOutcome: {outcome}\n\n"
+        "Use this context when answering follow-up questions after the pipeline handoff."
+    )
+
+
+def _wait_iac(waits: list[_Pending]) -> dict[str, Any]:
+    """The ``iac_code`` keys that describe the pending waits of a pipeline task."""
+    first = waits[0]
+    iac: dict[str, Any] = {"input": first.envelope}
+    if first.permission is not None:
+        iac["permission"] = first.permission
+    permissions = [w.envelope for w in waits if w.kind == "permission"]
+    if permissions:
+        iac["pendingPermissions"] = permissions
+    if first.kind == "cloud_resource_selection":
+        iac["inputRequired"] = first.envelope
+    return iac
+
+
+def _match_option(options: list[dict[str, Any]], answer: str) -> dict[str, Any] | None:
+    wanted = answer.casefold()
+    return next(
+        (o for o in options if wanted in (str(o.get("label", "")).casefold(), str(o.get("id", "")).casefold())),
+        None,
+    )
+
+
+@dataclass
+class _Pipeline:
+    """One pipeline run: its journal, its projection (the snapshot) and its pending waits.
+
+    Everything here lives in the kernel (guarded by ``KernelState.lock``), so a
+    restarted adapter finds the run exactly where it was.
+    """
+
+    task_id: str
+    context_id: str
+    session_id: str
+    name: str
+    user_request: str
+    flags: frozenset[str]
+    rich: bool = False
+    language: str = "en"
+    seq: int = 0  # last sequence handed out (continues across pipelines of a context)
+    journal: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "running"
+    snapshot_version: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    rounds: dict[str, int] = field(default_factory=dict)
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
+    permissions: list[dict[str, Any]] = field(default_factory=list)
+    input_history: list[dict[str, Any]] = field(default_factory=list)
+    handoff_history: list[dict[str, Any]] = field(default_factory=list)
+    cleanup_history: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    active_candidates: list[str] = field(default_factory=list)
+    guidance: list[str] = field(default_factory=list)  # activeGuidance texts received while running
+    pending_input: dict[str, Any] | None = None
+    normal_handoff: dict[str, Any] | None = None
+    pending_handoff: dict[str, Any] | None = None
+    waits: list[_Pending] = field(default_factory=list)
+    answers: list[tuple[_Pending, str]] = field(default_factory=list)
+    gen: Generator[Any, Any, None] | None = None
+    runner: _PipeRun | None = None
+
+    # ----------------------------------------------------------- projection
+
+    def _step(self, envelope: dict[str, Any]) -> dict[str, Any] | None:
+        coordinate = envelope.get("step")
+        if not isinstance(coordinate, dict):
+            return None
+        return next((s for s in reversed(self.steps) if s["id"] == coordinate.get("id")), None)
+
+    @staticmethod
+    def _coordinate(envelope: dict[str, Any]) -> dict[str, Any]:
+        step = envelope.get("step")
+        return {k: step[k] for k in ("attempt", "id", "index", "runId", "total")} if isinstance(step, dict) else {}
+
+    @staticmethod
+    def _run_key(envelope: dict[str, Any]) -> str:
+        for name in ("candidateStep", "step"):
+            coordinate = envelope.get(name)
+            if isinstance(coordinate, dict):
+                return f"{envelope['scope']}-{coordinate['runId']}"
+        return "pipeline"
+
+    def _entry(self, envelope: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = dict(envelope.get("data") or {})
+        entry.update(
+            {
+                "createdAt": envelope["createdAt"],
+                "data": dict(envelope.get("data") or {}),
+                "eventId": envelope["eventId"],
+                "eventType": envelope["eventType"],
+                "scope": envelope["scope"],
+                "sequence": envelope["sequence"],
+                "status": envelope["status"],
+            }
+        )
+        if "step" in envelope:
+            entry["step"] = self._coordinate(envelope)
+            entry["runId"] = envelope["step"]["runId"]
+        entry.update(extra)
+        return entry
+
+    def apply(self, envelope: dict[str, Any]) -> None:
+        """Project one envelope into the snapshot state."""
+        kind = envelope["eventType"]
+        data = envelope.get("data") or {}
+        created = envelope["createdAt"]
+        if kind != "backup_committed":
+            self.snapshot_version += 1
+        step = self._step(envelope)
+        if kind == "pipeline_started":
+            self.status = "running"
+        elif kind == "step_started":
+            coordinate = envelope["step"]
+            self.steps.append(
+                {
+                    "attempt": coordinate["attempt"],
+                    "candidates": [],
+                    "id": coordinate["id"],
+                    "index": coordinate["index"],
+                    "runId": coordinate["runId"],
+                    "startedAt": created,
+                    "status": "running",
+                    "total": coordinate["total"],
+                    "type": "normal",
+                }
+            )
+        elif kind == "message_started":
+            key = self._run_key(envelope)
+            self.rounds[key] = self.rounds.get(key, 0) + 1
+        elif kind == "text_delta":
+            self._append_text(envelope, str(data.get("text", "")))
+        elif kind == "tool_result":
+            self.tool_results.append(
+                self._entry(envelope, id=data.get("toolUseId"))
+                | {k: v for k, v in data.items() if k in ("toolName", "toolUseId", "isError", "result", "input")}
+            )
+        elif kind == "input_required":
+            entry = self._entry(envelope, required=True, input=dict(envelope.get("input") or {}))
+            self.input_history.append(entry)
+            pending = {k: v for k, v in entry.items() if k not in ("data", "eventType", "input", "sequence", "status")}
+            self.pending_input = pending
+            self.status = "waiting_input"
+            if step is not None:
+                step["status"] = "waiting_input"
+        elif kind == "input_received":
+            self.input_history.append(self._entry(envelope))
+            self.pending_input = None
+            self.status = "running"
+            if step is not None:
+                step["status"] = "running"
+                step["inputReceived"] = dict(data)
+        elif kind == "permission_requested":
+            entry = self._entry(envelope, candidate=dict(envelope.get("candidate") or {}))
+            entry["status"] = "pending"
+            self.permissions.append(entry)
+            if self.pending_input is None:
+                self.pending_input = {k: v for k, v in entry.items() if k not in ("data", "eventType", "sequence")}
+            self.status = "waiting_input"
+            if step is not None:
+                step["status"] = "waiting_input"
+        elif kind == "permission_resolved":
+            for entry in self.permissions:
+                if entry.get("inputId") == data.get("inputId"):
+                    entry["status"] = "resolved"
+                    entry["decision"] = data.get("decision")
+                    entry["resolvedAt"] = created
+            waiting = [e for e in self.permissions if e["status"] == "pending"]
+            if waiting:
+                self.pending_input = {k: v for k, v in waiting[0].items() if k not in ("data", "eventType", "sequence")}
+            else:
+                self.pending_input = None
+                self.status = "running"
+                if step is not None:
+                    step["status"] = "running"
+        elif kind == "candidate_started" and step is not None:
+            candidate = envelope["candidate"]
+            step["candidates"].append(
+                {"id": candidate["id"], "label": data.get("label"), "runId": candidate["runId"], "status": "running"}
+            )
+            self.active_candidates.append(candidate["runId"])
+        elif kind in ("candidate_completed", "candidate_failed") and step is not None:
+            candidate = envelope["candidate"]
+            for item in step["candidates"]:
+                if item["runId"] == candidate["runId"]:
+                    item["status"] = "completed" if kind == "candidate_completed" else "failed"
+                    item.update({k: v for k, v in data.items() if k == "totalMonthlyCost"})
+            if candidate["runId"] in self.active_candidates:
+                self.active_candidates.remove(candidate["runId"])
+        elif kind == "candidate_selected" and step is not None:
+            step["selectedCandidateId"] = data.get("candidateId")
+        elif kind == "step_completed" and step is not None:
+            step.update(
+                {
+                    "status": "completed",
+                    "completedAt": created,
+                    "conclusion": data.get("conclusion"),
+                    "conclusionField": data.get("conclusionField"),
+                    "durationS": data.get("durationS"),
+                }
+            )
+        elif kind == "step_failed" and step is not None:
+            step.update({"status": "failed", "failedAt": created, "error": data.get("error")})
+            self.status = "failed"
+        elif kind == "pipeline_error":
+            self.warnings.append(self._entry(envelope))
+            self.status = "failed"
+        elif kind == "pipeline_completed":
+            self.status = "completed"
+        elif kind == "pipeline_failed":
+            self.status = "failed"
+        elif kind == "pipeline_canceled":
+            self.status = "canceled"
+            self.pending_input = None
+            for item in self.steps:
+                if item["status"] in ("running", "waiting_input"):
+                    item["status"] = "canceled"
+        elif kind == "pipeline_handoff_ready":
+            entry = self._entry(envelope)
+            entry["visibility"] = envelope.get("visibility")
+            cleanup = data.get("cleanup") or {}
+            self.cleanup_history.append(
+                {
+                    "createdAt": created,
+                    "data": dict(cleanup),
+                    "eventId": envelope["eventId"],
+                    "eventType": kind,
+                    "scope": envelope["scope"],
+                    "sequence": envelope["sequence"],
+                    "status": cleanup.get("status"),
+                }
+            )
+            if envelope.get("visibility") == "committed":
+                self.normal_handoff = entry
+                self.pending_handoff = None
+                self.handoff_history.append(entry)
+            else:
+                self.pending_handoff = entry
+
+    def _append_text(self, envelope: dict[str, Any], text: str) -> None:
+        key = self._run_key(envelope)
+        round_ = self.rounds.get(key, 1)
+        message_id = f"message-{key}" if round_ == 1 else f"message-{key}-round-{round_}"
+        message = next((m for m in self.messages if m["id"] == message_id), None)
+        if message is None:
+            message = {
+                "createdAt": envelope["createdAt"],
+                "id": message_id,
+                "round": round_,
+                "scope": envelope["scope"],
+                "segments": [],
+                "text": "",
+            }
+            if "step" in envelope:
+                message["step"] = self._coordinate(envelope)
+                message["runId"] = envelope["step"]["runId"]
+            for name in ("candidate", "candidateStep"):
+                if name in envelope:
+                    message[name] = dict(envelope[name])
+            self.messages.append(message)
+        message["text"] += text
+        message["segments"] = [{"kind": "text", "text": message["text"]}]
+        message["updatedAt"] = envelope["createdAt"]
+
+    def snapshot(self, *, lean: bool = False) -> dict[str, Any]:
+        """The ``snapshot`` object of ``GET /iac-code/pipeline/state`` (a deep copy)."""
+        display: dict[str, Any] = {
+            "artifacts": [],
+            "candidateDetails": [],
+            "diagrams": [],
+            "messages": self.messages,
+            "permissions": self.permissions,
+        }
+        if not lean:
+            display["toolResults"] = self.tool_results
+        cleanup_status = self.cleanup_history[-1]["status"] if self.cleanup_history else "none"
+        cleanup: dict[str, Any] = {
+            "history": self.cleanup_history,
+            "resourceCount": 0,
+            "resources": [],
+            "status": cleanup_status,
+        }
+        if self.cleanup_history:
+            cleanup["statusMessage"] = self.cleanup_history[-1]["data"].get("statusMessage")
+        snapshot = {
+            "cleanup": cleanup,
+            "contextId": self.context_id,
+            "control": {
+                "activeCandidateRunIds": self.active_candidates,
+                "candidateRestarts": [],
+                "handoffHistory": self.handoff_history,
+                "inputHistory": self.input_history,
+                "interruptHistory": [],
+                "rollbackHistory": [],
+                "stepNames": list(PIPELINE_STEPS),
+                "totalSteps": len(PIPELINE_STEPS),
+                "userRequest": self.user_request,
+                "warningHistory": self.warnings,
+            },
+            "display": display,
+            "generatedAt": datetime.now(_UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastSequence": self.seq,
+            "normalHandoff": self.normal_handoff,
+            "pendingInput": self.pending_input,
+            "pendingNormalHandoff": self.pending_handoff,
+            "pendingTerminal": None,
+            "pipelineName": self.name,
+            "pipelineRunId": self.context_id,
+            "schemaVersion": "1.2",
+            "snapshotVersion": self.snapshot_version,
+            "stacks": {"byId": {}, "current": None, "history": []},
+            "status": self.status,
+            "steps": self.steps,
+            "taskId": self.task_id,
+        }
+        return copy.deepcopy(snapshot)
+
+
+class _PipeRun:
+    """Envelope builders for a pipeline; ``run`` is the worker run currently driving it."""
+
+    def __init__(self, state: KernelState, pipe: _Pipeline) -> None:
+        self.state = state
+        self.pipe = pipe
+        self.run: _Run | None = None
+        self._batch: list[dict[str, Any]] | None = None
+
+    @staticmethod
+    def coord(name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "runId": f"step-{name}-1",
+            "index": PIPELINE_STEPS.index(name) + 1,
+            "total": len(PIPELINE_STEPS),
+            "attempt": 1,
+        }
+
+    def event(self, event_type: str, data: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Journal an envelope without sending it (send it later, or never)."""
+        with self.state.lock:
+            if self.run is not None and self.run.task.canceled:
+                raise _Canceled()
+            return self.state.pipeline_event_locked(self.pipe, event_type, data, **kwargs)
+
+    def send(
+        self,
+        *envelopes: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+        batch: bool = False,
+        close: bool = False,
+    ) -> None:
+        """One statusUpdate carrying the envelopes; its state follows the last one's status."""
+        assert self.run is not None
+        if len(envelopes) == 1 and not batch:
+            iac: dict[str, Any] = {"pipeline": _struct(envelopes[0])}
+        else:
+            iac = {
+                "pipelineBatch": {
+                    "schemaVersion": "1.0",
+                    "extensionUri": PIPELINE_EXTENSION_URI,
+                    "events": [_struct(e) for e in envelopes],
+                }
+            }
+        iac.update(_struct(extra or {}))
+        state = _PIPE_STATES[envelopes[-1]["status"]]
+        self.run.status(state, metadata={"iac_code": iac}, close=close)
+
+    def emit(self, event_type: str, data: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Journal and send (or add to the open batch)."""
+        envelope = self.event(event_type, data, **kwargs)
+        if self._batch is not None:
+            self._batch.append(envelope)
+        else:
+            self.send(envelope)
+        return envelope
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Envelopes emitted inside go out together as one ``pipelineBatch``."""
+        self._batch = []
+        try:
+            yield
+            envelopes = self._batch
+        finally:
+            self._batch = None
+        if envelopes:
+            self.send(*envelopes, batch=True)
+
+    def say(self, text: str, **coordinates: Any) -> None:
+        self.emit("message_started", {"messageId": "msg_" + _hex(24)}, **coordinates)
+        self.emit("text_delta", {"text": text}, **coordinates)
+
+
 # --------------------------------------------------------------------------- the app
 
 
@@ -1140,7 +1875,10 @@ class ScriptedKernelApp:
         context_id = request.args.get("contextId") or None
         if task_id is None and context_id is None:
             return _json_response({"error": "taskId or contextId is required."}, 400)
-        snapshot = self.state.pipeline_snapshot(task_id, context_id, dict(request.args))
+        try:
+            snapshot = self.state.pipeline_snapshot(task_id, context_id, dict(request.args))
+        except ValueError as exc:
+            return _json_response({"error": str(exc)}, 400)
         if snapshot is None:
             return _json_response({"error": "A2A pipeline state not found"}, 404)
         return _json_response(snapshot)
@@ -1207,9 +1945,10 @@ class ScriptedKernelApp:
         return self._sse_response(task, subscriber, rid)
 
     def _m_send(self, rid: Any, params: dict[str, Any]) -> dict[str, Any]:
-        task, subscriber = self._submit(params)
+        task, subscriber = self._submit(params, unary=True)
         try:
-            while subscriber.get() is not _CLOSE:
+            # Until the turn ends, or until a resumed pipeline acknowledged the answer.
+            while (item := subscriber.get()) is not _CLOSE and item is not _ACK:
                 pass
         finally:
             self.state.unsubscribe(task, subscriber)
@@ -1243,6 +1982,7 @@ class ScriptedKernelApp:
                 raise _task_not_found(f"Task {task_id} is not active")
             subscriber.put(({"task": self.state.snapshot_locked(task)}, 1))
             task.subscribers.append(subscriber)
+            task.attached.set()
         return self._sse_response(task, subscriber, rid)
 
     def _m_list_tasks(self, rid: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -1309,21 +2049,22 @@ class ScriptedKernelApp:
                     if item is _CLOSE:
                         closed = True
                         break
-                    result, repeat = item
-                    frame = head + _dumps(result).encode("utf-8") + tail
-                    if repeat == 1:
-                        buffer.append(frame)
-                    else:
-                        if buffer:
-                            yield b"".join(buffer)
-                            buffer = []
-                        full, rest = divmod(repeat, FRAMES_PER_WRITE)
-                        if full:
-                            chunk = frame * FRAMES_PER_WRITE
-                            for _ in range(full):
-                                yield chunk
-                        if rest:
-                            yield frame * rest
+                    if item is not _ACK:
+                        result, repeat = item
+                        frame = head + _dumps(result).encode("utf-8") + tail
+                        if repeat == 1:
+                            buffer.append(frame)
+                        else:
+                            if buffer:
+                                yield b"".join(buffer)
+                                buffer = []
+                            full, rest = divmod(repeat, FRAMES_PER_WRITE)
+                            if full:
+                                chunk = frame * FRAMES_PER_WRITE
+                                for _ in range(full):
+                                    yield chunk
+                            if rest:
+                                yield frame * rest
                     if len(buffer) >= FRAMES_PER_WRITE:
                         break
                     try:
@@ -1339,7 +2080,7 @@ class ScriptedKernelApp:
 
     # ----------------------------------------------------------- submitting turns
 
-    def _submit(self, params: dict[str, Any]) -> tuple[_Task, queue.SimpleQueue[Any]]:
+    def _submit(self, params: dict[str, Any], *, unary: bool = False) -> tuple[_Task, queue.SimpleQueue[Any]]:
         msg = params.get("message")
         if not isinstance(msg, dict):
             raise _invalid_params("params.message is required.")
@@ -1364,8 +2105,16 @@ class ScriptedKernelApp:
         answer = _permission_answer(parts)
         if task_id is None and answer is not None:
             task_id = answer["requestTaskId"]
+        response = iac.get("inputResponse")
+        if response is not None:
+            if not isinstance(response, dict):
+                raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+            if task_id is None:
+                task_id = response.get("requestTaskId")
+                if not isinstance(task_id, str) or not task_id:
+                    raise _invalid_params(INPUT_NOT_ACTIVE)
         if task_id is not None:
-            return self._submit_to_task(task_id, context_id, answer, text, iac)
+            return self._submit_to_task(task_id, context_id, answer, text, iac, response=response, unary=unary)
         return self._submit_new_turn(msg, context_id, parts, text, iac)
 
     def _submit_new_turn(
@@ -1377,6 +2126,7 @@ class ScriptedKernelApp:
         iac: dict[str, Any],
     ) -> tuple[_Task, queue.SimpleQueue[Any]]:
         directives = Directives.parse(text)
+        pipeline_name = _pipeline_name(iac)
         image_types, image_error = _inspect_images(parts)
         cwd = iac.get("cwd")
         default_cwd = self.state.default_cwd()
@@ -1438,10 +2188,42 @@ class ScriptedKernelApp:
             task.running = True
             ctx.running_task_id = task.id
             task.subscribers.append(subscriber)
-            turn = _Turn(directives, dict(iac), tuple(image_types), ctx.turns)
+            pipe: _Pipeline | None = None
+            if pipeline_name is not None:
+                pipe = _Pipeline(
+                    task.id,
+                    context_id,
+                    ctx.session_id,
+                    pipeline_name,
+                    text,
+                    directives.flags,
+                    rich=iac.get("candidatePresentation") == "rich-v1",
+                    language=task.language,
+                )
+                pipe.runner = _PipeRun(self.state, pipe)
+                pipe.gen = self._pipeline_body(pipe.runner)
+                self.state.pipelines[task.id] = pipe
+                self.state.context_pipelines[context_id] = task.id
+            turn = _Turn(directives, dict(iac), tuple(image_types), ctx.turns, pipe)
         script = functools.partial(self._script_turn, turn=turn, task_frame={"task": task_obj})
         self._spawn(task, script)
         return task, subscriber
+
+    @staticmethod
+    def _guidance_ack(task: _Task, pipe: _Pipeline, text: str) -> dict[str, Any]:
+        return {
+            "statusUpdate": {
+                "taskId": task.id,
+                "contextId": task.context_id,
+                "status": {"state": "TASK_STATE_WORKING", "timestamp": _now_iso()},
+                "metadata": {
+                    "iac_code": {
+                        "iacCodeSessionId": pipe.session_id,
+                        "guidanceReceived": {"textLength": float(len(text.strip()))},
+                    }
+                },
+            }
+        }
 
     def _submit_to_task(
         self,
@@ -1450,16 +2232,38 @@ class ScriptedKernelApp:
         answer: dict[str, Any] | None,
         text: str,
         iac: dict[str, Any],
+        *,
+        response: dict[str, Any] | None = None,
+        unary: bool = False,
     ) -> tuple[_Task, queue.SimpleQueue[Any]]:
         subscriber: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with self.state.lock:
             task = self.state.tasks.get(task_id)
             if task is None:
+                if response is not None:
+                    raise _invalid_params(INPUT_NOT_ACTIVE)
                 raise (_invalid_params(PERMISSION_NOT_ACTIVE) if answer is not None else _task_not_found())
             ctx = self.state.contexts.get(task.context_id)
             pending = task.pending
+            pipe = self.state.pipelines.get(task.id)
             script: Callable[[_Run], None]
-            if answer is not None:
+            if pipe is not None and pipe.waits and not task.running:
+                resume = self._pipeline_answer_locked(
+                    task,
+                    pipe,
+                    context_id=context_id,
+                    answer=answer,
+                    response=response,
+                    text=text,
+                    unary=unary,
+                    subscriber=subscriber,
+                )
+                if resume is None:  # one of several permissions: acknowledged in place
+                    return task, subscriber
+                script = resume
+            elif response is not None:
+                raise _invalid_params(INPUT_NOT_ACTIVE)
+            elif answer is not None:
                 if (
                     (context_id is not None and context_id != task.context_id)
                     or answer.get("contextId", task.context_id) != task.context_id
@@ -1480,6 +2284,12 @@ class ScriptedKernelApp:
             else:
                 if context_id is not None and context_id != task.context_id:
                     raise _invalid_params("message.contextId does not match the task's contextId.")
+                if task.running and pipe is not None and text.strip():
+                    # Guidance for a running pipeline: acknowledged on its own short stream.
+                    pipe.guidance.append(text.strip())
+                    subscriber.put((self._guidance_ack(task, pipe, text), 1))
+                    subscriber.put(_CLOSE)
+                    return task, subscriber
                 if task.running:
                     raise _invalid_params(BUSY_TEXT)
                 if pending is not None and pending.kind == "ask_user_question":
@@ -1546,6 +2356,9 @@ class ScriptedKernelApp:
     def _script_turn(self, run: _Run, *, turn: _Turn, task_frame: dict[str, Any] | None) -> None:
         if task_frame is not None:
             run.task_frame(task_frame)
+        if turn.pipeline is not None:  # no plain SUBMITTED/WORKING frames: pipeline_started comes first
+            self._pipeline_resume(run, turn.pipeline, None)
+            return
         run.opening(new_task=task_frame is not None)
         d = turn.directives
         if d.silent:
@@ -1824,6 +2637,608 @@ class ScriptedKernelApp:
         run.deltas(["You chose ", choice, "."])
         run.finish_reply()
 
+    # ----------------------------------------------------------- pipeline mode
+
+    def _pipeline_answer_locked(
+        self,
+        task: _Task,
+        pipe: _Pipeline,
+        *,
+        context_id: str | None,
+        answer: dict[str, Any] | None,
+        response: dict[str, Any] | None,
+        text: str,
+        unary: bool,
+        subscriber: queue.SimpleQueue[Any],
+    ) -> Callable[[_Run], None] | None:
+        """Validate an answer to a pipeline wait (lock held).
+
+        Returns the continuation script, or ``None`` when the answer resolved one
+        of several permissions (acknowledged in place: the stream gets the ack
+        and the remaining wait, and closes).
+        """
+        waits = pipe.waits
+        if answer is not None:
+            match = next(
+                (
+                    w
+                    for w in waits
+                    if w.kind == "permission"
+                    and w.input_id == answer["inputId"]
+                    and w.tool_use_id == answer["toolUseId"]
+                ),
+                None,
+            )
+            if (
+                match is None
+                or answer["requestTaskId"] != task.id
+                or answer.get("contextId", task.context_id) != task.context_id
+                or (context_id is not None and context_id != task.context_id)
+            ):
+                raise _invalid_params(PERMISSION_NOT_ACTIVE)
+            decision = answer["decision"]
+            waits.remove(match)
+            pipe.answers.append((match, decision))
+            if waits:
+                self._pipeline_partial_ack_locked(task, pipe, match, decision, subscriber)
+                return None
+            task.attached.clear()
+            return functools.partial(
+                self._script_pipeline_permission, pipe=pipe, pending=match, decision=decision, unary=unary
+            )
+        if context_id is not None and context_id != task.context_id:
+            raise _invalid_params("message.contextId does not match the task's contextId.")
+        pending = waits[0]
+        value: dict[str, Any]
+        if response is not None:
+            value = self._resource_response(task, pending, response)
+        elif pending.kind == "permission":
+            raise _invalid_params(PERMISSION_FIELDS_MISMATCH)
+        elif pending.kind == "cloud_resource_selection":
+            raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        else:
+            reply = text.strip()
+            if not reply:
+                raise _invalid_params("An answer to the pending question is required.")
+            option = _match_option(pending.envelope.get("options", []), reply)
+            if option is None and not pending.envelope.get("allowFreeText"):
+                raise _invalid_params(NO_OPTION_TEXT)
+            value = {"text": reply, "option": option}
+        pipe.waits = []
+        return functools.partial(self._script_pipeline_resume, pipe=pipe, value=value)
+
+    @staticmethod
+    def _resource_response(task: _Task, pending: _Pending, response: dict[str, Any]) -> dict[str, Any]:
+        """The validated ``iac_code.inputResponse`` of a cloud_resource_selection answer."""
+        if pending.kind != "cloud_resource_selection":
+            raise _invalid_params(INPUT_NOT_ACTIVE)
+        keys = set(response)
+        if not INPUT_RESPONSE_KEYS <= keys <= INPUT_RESPONSE_KEYS | INPUT_RESPONSE_OPTIONAL:
+            raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        version = response["schemaVersion"]
+        if isinstance(version, bool) or version not in (1, "1", "1.0"):
+            raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        if response["kind"] != "cloud_resource_selection" or response["status"] not in ("selected", "canceled"):
+            raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        for key in ("requestTaskId", "contextId", "inputId", "toolUseId", "selectorId"):
+            if not isinstance(response[key], str) or not response[key]:
+                raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        if (
+            response["requestTaskId"] != task.id
+            or response["contextId"] != task.context_id
+            or response["inputId"] != pending.input_id
+            or response["toolUseId"] != pending.tool_use_id
+        ):
+            raise _invalid_params(INPUT_NOT_ACTIVE)
+        selector = pending.envelope["selector"]
+        label = response.get("label")
+        value = response["value"]
+        if response["selectorId"] != selector["selectorId"] or (label is not None and not isinstance(label, str)):
+            raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        if response["status"] == "selected":
+            option = next((o for o in selector["options"] if o["value"] == value), None)
+            if option is None:
+                raise _invalid_params("The selected value is not one of the offered options.")
+            label = label or option["label"]
+        elif value is not None and not isinstance(value, str):
+            raise _invalid_params(INPUT_RESPONSE_MISMATCH)
+        return {"status": response["status"], "selectorId": selector["selectorId"], "value": value, "label": label}
+
+    @staticmethod
+    def _resolved_data(pending: _Pending, decision: str) -> dict[str, Any]:
+        return {
+            "kind": "permission",
+            "inputId": pending.input_id,
+            "toolUseId": pending.tool_use_id,
+            "toolName": pending.envelope.get("toolName"),
+            "decision": decision,
+            "candidateId": pending.extra.get("candidate"),
+        }
+
+    @staticmethod
+    def _permission_received(pending: _Pending, decision: str) -> dict[str, Any]:
+        return {
+            "toolUseId": pending.tool_use_id,
+            "kind": "permission",
+            "inputId": pending.input_id,
+            "decision": decision,
+        }
+
+    def _pipeline_partial_ack_locked(
+        self, task: _Task, pipe: _Pipeline, pending: _Pending, decision: str, subscriber: queue.SimpleQueue[Any]
+    ) -> None:
+        envelope = self.state.pipeline_event_locked(
+            pipe, "permission_resolved", self._resolved_data(pending, decision), **pending.extra["coords"]
+        )
+        ack_status = {"state": WORKING}
+        wait_status = {"state": INPUT_REQUIRED}
+        ack_iac = {"pipeline": _struct(envelope), "inputReceived": self._permission_received(pending, decision)}
+        wait_iac = dict(_wait_iac(pipe.waits), iacCodeSessionId=task.session_id)
+        for status, iac in ((ack_status, ack_iac), (wait_status, wait_iac)):
+            self.state._apply_status_locked(task, status, 1)
+            update = {"taskId": task.id, "contextId": task.context_id, "status": status, "metadata": {"iac_code": iac}}
+            subscriber.put(({"statusUpdate": update}, 1))
+        subscriber.put(_CLOSE)
+
+    def _script_pipeline_permission(
+        self, run: _Run, *, pipe: _Pipeline, pending: _Pending, decision: str, unary: bool
+    ) -> None:
+        """The last pending permission was answered: acknowledge, then resume the pipeline."""
+        runner = pipe.runner
+        assert runner is not None
+        runner.run = run
+        envelope = runner.event(
+            "permission_resolved", self._resolved_data(pending, decision), **pending.extra["coords"]
+        )
+        runner.send(envelope, extra={"inputReceived": self._permission_received(pending, decision)})
+        self.state.signal(run.task, _ACK)
+        if unary:
+            # The unary caller follows with GetTask + SubscribeToTask: give it a moment to attach.
+            deadline = time.monotonic() + PIPELINE_SUBSCRIBE_GRACE
+            while not run.task.attached.wait(0.02):
+                if run.task.cancel_event.is_set():
+                    raise _Canceled()
+                if time.monotonic() >= deadline:
+                    break
+        with self.state.lock:
+            answers, pipe.answers = pipe.answers, []
+        self._pipeline_resume(run, pipe, answers)
+
+    def _script_pipeline_resume(self, run: _Run, *, pipe: _Pipeline, value: Any) -> None:
+        self._pipeline_resume(run, pipe, value)
+
+    def _pipeline_resume(self, run: _Run, pipe: _Pipeline, value: Any) -> None:
+        """Drive the pipeline script until its next wait (stream closes) or its end."""
+        runner = pipe.runner
+        assert runner is not None and pipe.gen is not None
+        runner.run = run
+        try:
+            envelopes, waits = pipe.gen.send(value)
+        except StopIteration:
+            return
+        with self.state.lock:
+            pipe.waits = list(waits)
+        runner.send(*envelopes, extra=_wait_iac(waits), close=True)
+
+    def _pipeline_body(self, p: _PipeRun) -> Generator[Any, Any, None]:
+        """The scripted pipeline; yields ``(envelopes, waits)`` and receives the answer."""
+        pipe = p.pipe
+        flags = pipe.flags
+        outcome = "completed"
+        p.emit(
+            "pipeline_started",
+            {
+                "totalSteps": len(PIPELINE_STEPS),
+                "stepNames": list(PIPELINE_STEPS),
+                "userRequest": pipe.user_request,
+                "pipelineType": pipe.name,
+            },
+        )
+        for name in PIPELINE_STEPS:
+            step = p.coord(name)
+            index = step["index"]
+            if index > 1 and "PIPE-SLOW" in flags:
+                assert p.run is not None
+                p.run.sleep(0.5)
+            p.emit(
+                "step_started",
+                {
+                    "transcript_id": f"transcript_att_{index:04d}",
+                    "active_attempt_id": f"att_{index:04d}",
+                    "total": len(PIPELINE_STEPS),
+                    "uiMode": None,
+                    "index": index,
+                    "name": name,
+                    "attempt": 1,
+                    "stepType": "normal",
+                },
+                step=dict(step, type="normal", uiMode=None),
+            )
+            p.emit("context_usage", _context_usage(0), step=step)
+            p.say(f"Working on {name}.", step=step)
+            conclusion = copy.deepcopy(PIPELINE_CONCLUSIONS[name])
+            asked = False
+            if name == "intent_parsing" and "PIPE-ASK" in flags:
+                option, reply = yield from self._pipe_question(
+                    p,
+                    step,
+                    kind="ask_user_question",
+                    tool="ask_user_question",
+                    prefix="ask",
+                    prompt=ASK_PROMPT,
+                    options=ASK_OPTIONS,
+                    allow_free_text=True,
+                )
+                conclusion["clarification_choice"] = option["id"] if option else reply
+                asked = True
+            elif name == "architecture_planning" and "PIPE-RESOURCE" in flags:
+                selection = yield from self._pipe_resource(p, step)
+                conclusion["vpcId"] = selection["value"] if selection["status"] == "selected" else None
+                asked = True
+            elif name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
+                yield from self._pipe_candidates(p, step)
+                conclusion["candidateIds"] = [c["id"] for c in CANDIDATES]
+            elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
+                options = [
+                    dict(c) if pipe.rich else {"id": c["id"], "label": c["label"]} for c in copy.deepcopy(CANDIDATES)
+                ]
+                option, _ = yield from self._pipe_question(
+                    p,
+                    step,
+                    kind="candidate_selection",
+                    tool="select_candidate",
+                    prefix="select",
+                    prompt=SELECT_PROMPT,
+                    options=options,
+                    allow_free_text=False,
+                )
+                p.emit("candidate_selected", {"candidateId": option["id"], "label": option["label"]}, step=step)
+                conclusion["candidateId"] = option["id"]
+                asked = True
+            elif name == "deploying" and "PIPE-CANDIDATES" in flags:
+                option, _ = yield from self._pipe_question(
+                    p,
+                    step,
+                    kind="deployment_confirmation",
+                    tool="confirm_deployment",
+                    prefix="confirm",
+                    prompt=CONFIRM_PROMPT,
+                    options=CONFIRM_OPTIONS,
+                    allow_free_text=False,
+                )
+                if option["id"] == "cancel":
+                    outcome = "early_exit"
+                    conclusion = {"deployed": False, "reason": "canceled by the user"}
+                asked = True
+            if asked:
+                p.emit("context_usage", _context_usage(3), step=step)
+                p.say(f"Working on {name}.", step=step)
+            if name == "architecture_planning" and "PIPE-FAIL" in flags:
+                self._pipe_fail(p, step)
+                return
+            self._pipe_complete_step(p, step, conclusion, ooo="PIPE-OOO" in flags and name == "architecture_planning")
+        self._pipe_finish(p, outcome)
+
+    @staticmethod
+    def _pipe_question(
+        p: _PipeRun,
+        step: dict[str, Any],
+        *,
+        kind: str,
+        tool: str,
+        prefix: str,
+        prompt: str,
+        options: Any,
+        allow_free_text: bool,
+    ) -> Generator[Any, Any, tuple[dict[str, Any] | None, str]]:
+        """A question wait (ask_user_question / candidate_selection / deployment_confirmation)."""
+        pipe = p.pipe
+        tool_use_id = f"call_{prefix}_" + _hex(12)
+        input_id = f"{prefix}-{tool_use_id}"
+        options = [dict(o) for o in options]
+        tool_input = {"question": prompt, "options": options, "allow_free_text": allow_free_text}
+        p.emit("tool_started", {"toolUseId": tool_use_id, "toolName": tool, "input": tool_input}, step=step)
+        with p.batch():
+            p.emit("usage", dict(_PIPE_USAGE), step=step)
+            p.emit("context_usage", _context_usage(1), step=step)
+        data = {
+            "kind": kind,
+            "inputId": input_id,
+            "toolUseId": tool_use_id,
+            "question": prompt,
+            "prompt": prompt,
+            "options": options,
+            "allowFreeText": allow_free_text,
+            "freeTextPrompt": "",
+        }
+        envelope = p.event("input_required", data, status="input_required", step=step, input_=dict(data, required=True))
+        unified = _struct(
+            {
+                "schemaVersion": 1,
+                "kind": kind,
+                "required": True,
+                "requestTaskId": pipe.task_id,
+                "contextId": pipe.context_id,
+                "inputId": input_id,
+                "toolUseId": tool_use_id,
+                "prompt": prompt,
+                "allowFreeText": allow_free_text,
+                "options": options,
+            }
+        )
+        answer = yield [envelope], [_Pending(kind, input_id, tool_use_id, unified)]
+        option, reply = answer["option"], answer["text"]
+        received = {
+            "kind": kind,
+            "inputId": input_id,
+            "toolUseId": tool_use_id,
+            "question": prompt,
+            "options": options,
+            "allowFreeText": allow_free_text,
+            "selectedId": option["id"] if option else None,
+            "selectedLabel": option["label"] if option else None,
+            "freeText": "" if option else reply,
+            "freeTextLength": 0 if option else len(reply),
+            "answerTextLength": len(reply),
+        }
+        p.emit("input_received", received, step=step)
+        return option, reply
+
+    @staticmethod
+    def _pipe_resource(p: _PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict[str, Any]]:
+        """A cloud_resource_selection wait (answered through ``iac_code.inputResponse``)."""
+        pipe = p.pipe
+        tool_use_id = "call_resource_" + _hex(12)
+        input_id = f"resource-{tool_use_id}"
+        selector = copy.deepcopy(RESOURCE_SELECTOR)
+        tool_input = {"prompt": RESOURCE_PROMPT, "selectorId": selector["selectorId"]}
+        p.emit(
+            "tool_started",
+            {"toolUseId": tool_use_id, "toolName": "select_cloud_resource", "input": tool_input},
+            step=step,
+        )
+        with p.batch():
+            p.emit("usage", dict(_PIPE_USAGE), step=step)
+            p.emit("context_usage", _context_usage(1), step=step)
+        data = {
+            "kind": "cloud_resource_selection",
+            "inputId": input_id,
+            "toolUseId": tool_use_id,
+            "prompt": RESOURCE_PROMPT,
+            "selector": selector,
+        }
+        envelope = p.event("input_required", data, status="input_required", step=step, input_=dict(data, required=True))
+        unified = _struct(
+            {
+                "schemaVersion": 1,
+                "kind": "cloud_resource_selection",
+                "required": True,
+                "requestTaskId": pipe.task_id,
+                "contextId": pipe.context_id,
+                "inputId": input_id,
+                "toolUseId": tool_use_id,
+                "prompt": RESOURCE_PROMPT,
+                "selector": selector,
+            }
+        )
+        selection = yield [envelope], [_Pending("cloud_resource_selection", input_id, tool_use_id, unified)]
+        received = {
+            "kind": "cloud_resource_selection",
+            "inputId": input_id,
+            "toolUseId": tool_use_id,
+            "selectorId": selection["selectorId"],
+            "status": selection["status"],
+            "value": selection["value"],
+            "label": selection["label"],
+        }
+        p.emit("input_received", received, step=step)
+        return selection
+
+    @staticmethod
+    def _pipe_candidates(p: _PipeRun, step: dict[str, Any]) -> Generator[Any, Any, None]:
+        """Two candidates evaluated "in parallel" (interleaved), optionally with two permission waits."""
+        pipe = p.pipe
+        runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for candidate in CANDIDATES:
+            cid = candidate["id"]
+            coordinates = {
+                "step": step,
+                "candidate": {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"},
+                "candidate_step": {"id": "price_estimation", "runId": f"cstep-{cid}-price_estimation-1"},
+            }
+            runs.append((candidate, coordinates))
+        for index, (candidate, at) in enumerate(runs, 1):
+            data = {"candidateId": candidate["id"], "label": candidate["label"], "index": index, "total": len(runs)}
+            p.emit("candidate_started", data, step=step, candidate=at["candidate"])
+        for _, at in runs:
+            p.emit("candidate_step_started", {"name": "price_estimation", "index": 1, "total": 1}, **at)
+        for _, at in runs:
+            p.emit("message_started", {"messageId": "msg_" + _hex(24)}, **at)
+        for candidate, at in runs:
+            p.emit("text_delta", {"text": f"{candidate['label']}: "}, **at)
+        with p.batch():
+            for _, at in runs:
+                p.emit("text_delta", {"text": "estimating the monthly cost."}, **at)
+        if "PIPE-PERMS" in pipe.flags:
+            envelopes: list[dict[str, Any]] = []
+            waits: list[_Pending] = []
+            for candidate, at in runs:
+                cid = candidate["id"]
+                tool_use_id = f"call_price_{cid}_" + _hex(8)
+                p.emit(
+                    "tool_started",
+                    {"toolUseId": tool_use_id, "toolName": "describe_prices", "input": {"candidate": cid}},
+                    **at,
+                )
+                input_id = "permission-" + uuid.uuid4().hex
+                envelope = {
+                    "schemaVersion": 1.0,
+                    "kind": "permission",
+                    "required": True,
+                    "language": pipe.language,
+                    "requestTaskId": pipe.task_id,
+                    "contextId": pipe.context_id,
+                    "inputId": input_id,
+                    "toolUseId": tool_use_id,
+                    "toolName": "describe_prices",
+                    "title": "Query cloud prices",
+                    "purpose": f"Look up the monthly cost of {candidate['label']}.",
+                    "effect": "read",
+                    "target": "bss:DescribePrice",
+                    "isReadOnly": True,
+                    "prompt": "Query cloud prices Allow once?",
+                    "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
+                    "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
+                    "scope": "candidate",
+                    "subPipelineId": f"sub-{cid}",
+                }
+                permission = {
+                    "pending": True,
+                    "toolUseId": tool_use_id,
+                    "toolName": "describe_prices",
+                    "autoApproved": False,
+                }
+                waits.append(
+                    _Pending(
+                        "permission", input_id, tool_use_id, envelope, permission, {"candidate": cid, "coords": at}
+                    )
+                )
+                data = {
+                    key: envelope[key]
+                    for key in (
+                        "kind",
+                        "inputId",
+                        "toolUseId",
+                        "toolName",
+                        "title",
+                        "prompt",
+                        "effect",
+                        "target",
+                        "options",
+                    )
+                }
+                data.update(candidateId=cid, subPipelineId=f"sub-{cid}")
+                envelopes.append(p.event("permission_requested", data, status="input_required", **at))
+            answers = yield envelopes, waits
+            decisions = {pending.extra["candidate"]: decision for pending, decision in answers}
+            for (candidate, at), wait in zip(runs, waits, strict=True):
+                denied = decisions.get(candidate["id"]) != "allow_once"
+                result = (
+                    "The user denied permission to run describe_prices."
+                    if denied
+                    else f"{candidate['label']} costs {candidate['totalMonthlyCost']} CNY per month."
+                )
+                data = {
+                    "toolUseId": wait.tool_use_id,
+                    "toolName": "describe_prices",
+                    "isError": denied,
+                    "result": result,
+                    "input": {"candidate": candidate["id"]},
+                }
+                p.emit("tool_result", data, **at)
+        for _, at in runs:
+            p.emit("candidate_step_completed", {"name": "price_estimation", "durationS": 0.01}, **at)
+        for candidate, at in runs:
+            data = {
+                "candidateId": candidate["id"],
+                "label": candidate["label"],
+                "totalMonthlyCost": candidate["totalMonthlyCost"],
+            }
+            p.emit("candidate_completed", data, step=step, candidate=at["candidate"])
+
+    @staticmethod
+    def _pipe_complete_step(p: _PipeRun, step: dict[str, Any], conclusion: dict[str, Any], *, ooo: bool) -> None:
+        """complete_step: tool_started, usage + context_usage, tool_result, step_completed.
+
+        With ``ooo`` the two usage envelopes go out in reverse order and the
+        tool_result exists only in the journal (a gap on the live stream).
+        """
+        name = step["id"]
+        tool_use_id = "call_complete_" + _hex(12)
+        tool_input = {"conclusion": conclusion}
+        p.emit("tool_started", {"toolUseId": tool_use_id, "toolName": "complete_step", "input": tool_input}, step=step)
+        result = {
+            "toolUseId": tool_use_id,
+            "toolName": "complete_step",
+            "isError": False,
+            "result": f"Step {name.replace('_', ' ').capitalize()} completed. Conclusion submitted.",
+            "input": tool_input,
+            "normalizedConclusion": conclusion,
+        }
+        if ooo:
+            usage = p.event("usage", dict(_PIPE_USAGE), step=step)
+            context_usage = p.event("context_usage", _context_usage(2), step=step)
+            p.event("tool_result", result, step=step)  # journal only
+            p.send(context_usage)
+            p.send(usage)
+        else:
+            with p.batch():
+                p.emit("usage", dict(_PIPE_USAGE), step=step)
+                p.emit("context_usage", _context_usage(2), step=step)
+            p.emit("tool_result", result, step=step)
+        data = {"durationS": 0.05, "conclusionField": PIPELINE_FIELDS[name], "conclusion": conclusion}
+        p.emit("step_completed", data, step=step)
+
+    def _pipe_fail(self, p: _PipeRun, step: dict[str, Any]) -> None:
+        error_id = _hex(12)
+        details = {
+            "type": "StepFailed",
+            "errorId": error_id,
+            "traceback": "Stack trace omitted from public event; see error_id.",
+            "step_id": step["id"],
+        }
+        data = {"errorSummary": STEP_FAIL_TEXT, "error": STEP_FAIL_TEXT, "errorDetails": details}
+        p.emit("step_failed", data, status="failed", step=step)
+        p.emit(
+            "pipeline_error",
+            {"error": STEP_FAIL_TEXT, "errorId": error_id, "stepId": step["id"], "recoverable": False},
+            status="failed",
+        )
+        self._pipe_finish(p, "failed")
+
+    @staticmethod
+    def _pipe_finish(p: _PipeRun, outcome: str) -> None:
+        """The end pattern of capture 38: two journal-only events, then 21, 23, 22, 24 live."""
+        failed = outcome == "failed"
+        status = "failed" if failed else "completed"
+        terminal = "pipeline_failed" if failed else "pipeline_completed"
+        total = len(PIPELINE_STEPS)
+        terminal_data = (
+            {"totalSteps": total, "failed": True}
+            if failed
+            else {"totalSteps": total, "earlyExit": outcome == "early_exit"}
+        )
+        handoff = {
+            "action": "switch_to_normal",
+            "targetMode": "normal",
+            "outcome": outcome,
+            "summary": _handoff_summary(p.pipe.name, outcome),
+            "cleanup": {
+                "status": "unavailable",
+                "statusMessage": "Cleanup state unavailable. Inspect the session file and cloud resources manually.",
+            },
+        }
+        p.event(terminal, dict(terminal_data), status=status, visibility="pending_backup")
+        p.event("pipeline_handoff_ready", copy.deepcopy(handoff), status=status, visibility="pending_backup")
+        done = p.event(terminal, dict(terminal_data), status=status, visibility="committed")
+        ready = p.event("pipeline_handoff_ready", copy.deepcopy(handoff), status=status, visibility="committed")
+        backups = [
+            p.event(
+                "backup_committed",
+                {
+                    "committedEventId": e["eventId"],
+                    "committedEventType": e["eventType"],
+                    "committedSequence": e["sequence"],
+                },
+                status=status,
+            )
+            for e in (done, ready)
+        ]
+        p.send(done)
+        p.send(backups[0])
+        p.send(ready)
+        p.send(backups[1], close=True)
+
 
 def _permission_answer(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The permission decision carried by a message, if it is one.
@@ -1861,6 +3276,18 @@ def _permission_answer(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
         if not isinstance(payload[key], str) or not payload[key]:
             raise _invalid_params(PERMISSION_FIELDS_MISMATCH)
     return payload
+
+
+def _pipeline_name(iac: dict[str, Any]) -> str | None:
+    """The pipeline a new turn asks for (``None``: a normal turn); unknown names are -32602."""
+    if iac.get("run_mode") != "pipeline":
+        return None
+    name = iac.get("pipeline_name")
+    if name is None or name == "":
+        return PIPELINE_NAMES[0]
+    if not isinstance(name, str) or name not in PIPELINE_NAMES:
+        raise _invalid_params(f"Unknown pipeline_name: {name}")
+    return name
 
 
 def _json_response(obj: Any, status: int = 200) -> Response:

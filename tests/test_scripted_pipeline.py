@@ -1,0 +1,894 @@
+"""Pipeline mode of the scripted kernel, driven through real sockets.
+
+The shapes pinned here are the ones of the real kernel's pipeline captures
+(pipeline run that fails, ask interrupt, state full/delta/lean, answer ->
+completed + handoff, journal after completion); the captures themselves are
+not read at test time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from agui_adapter.kernel import ScriptedKernel
+
+TOKEN = "pipe-token"
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
+URI = "urn:iac-code:a2a:pipeline-events:v1"
+STEPS = ["intent_parsing", "architecture_planning", "evaluate_candidates", "confirm_and_select", "deploying"]
+STEP_EVENTS = [
+    "step_started",
+    "context_usage",
+    "message_started",
+    "text_delta",
+    "tool_started",
+    "usage",
+    "context_usage",
+    "tool_result",
+    "step_completed",
+]
+ENVELOPE_KEYS = {
+    "schemaVersion",
+    "extensionUri",
+    "eventId",
+    "sequence",
+    "createdAt",
+    "eventType",
+    "scope",
+    "status",
+    "pipelineRunId",
+    "pipelineName",
+    "taskId",
+    "contextId",
+    "iacCodeSessionId",
+    "data",
+}
+PERMISSION_NOT_ACTIVE = "permission_resume_invalid: pending permission is not active."
+STATES = {
+    "working": "TASK_STATE_WORKING",
+    "input_required": "TASK_STATE_INPUT_REQUIRED",
+    "completed": "TASK_STATE_COMPLETED",
+    "failed": "TASK_STATE_FAILED",
+}
+
+
+# --------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[ScriptedKernel]:
+    with ScriptedKernel(TOKEN, delay_scale=0.02) as k:
+        yield k
+
+
+def rpc(
+    kernel: ScriptedKernel, method: str, params: dict[str, Any], *, rid: Any = "req-1", stream: bool = False
+) -> requests.Response:
+    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+    return requests.post(kernel.url, json=body, headers=HEADERS, stream=stream, timeout=10)
+
+
+def message(
+    text: str | None = None,
+    *,
+    context_id: str | None = None,
+    task_id: str | None = None,
+    parts: list[dict[str, Any]] | None = None,
+    **iac: Any,
+) -> dict[str, Any]:
+    msg: dict[str, Any] = {
+        "messageId": "msg-" + uuid.uuid4().hex[:8],
+        "role": "ROLE_USER",
+        "parts": parts if parts is not None else [{"text": text}],
+    }
+    if context_id:
+        msg["contextId"] = context_id
+    if task_id:
+        msg["taskId"] = task_id
+    if iac:
+        msg["metadata"] = {"iac_code": iac}
+    return {"message": msg, "configuration": {"acceptedOutputModes": ["text/plain"]}}
+
+
+def new_ctx() -> str:
+    return "ctx-pipe-" + uuid.uuid4().hex[:10]
+
+
+class SSE:
+    """Incremental SSE reader yielding JSON frames."""
+
+    def __init__(self, response: requests.Response) -> None:
+        assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8", response.text
+        self.response = response
+        self._chunks = response.iter_content(chunk_size=None)
+        self._buffer = b""
+
+    def __iter__(self) -> SSE:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end >= 0:
+                block, self._buffer = self._buffer[:end].decode("utf-8"), self._buffer[end + 2 :]
+                if block.startswith(":"):
+                    continue
+                assert block.startswith("data: "), block
+                return json.loads(block[len("data: ") :])
+            self._buffer += next(self._chunks)
+
+
+def frames(response: requests.Response) -> list[dict[str, Any]]:
+    return list(SSE(response))
+
+
+def kind(frame: dict[str, Any]) -> str:
+    (key,) = frame["result"].keys()
+    return key
+
+
+def update(frame: dict[str, Any]) -> dict[str, Any]:
+    return frame["result"]["statusUpdate"]
+
+
+def state(frame: dict[str, Any]) -> str:
+    return update(frame)["status"]["state"]
+
+
+def iac(frame: dict[str, Any]) -> dict[str, Any]:
+    return update(frame).get("metadata", {}).get("iac_code", {})
+
+
+def envelopes(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    if kind(frame) != "statusUpdate":
+        return []
+    meta = iac(frame)
+    out = list(meta.get("pipelineBatch", {}).get("events", []))
+    if "pipeline" in meta:
+        out.append(meta["pipeline"])
+    return out
+
+
+def live(all_frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for f in all_frames for e in envelopes(f)]
+
+
+def types(envs: list[dict[str, Any]]) -> list[str]:
+    return [e["eventType"] for e in envs]
+
+
+def of_type(envs: list[dict[str, Any]], event_type: str) -> list[dict[str, Any]]:
+    return [e for e in envs if e["eventType"] == event_type]
+
+
+def rpc_error(response: requests.Response) -> dict[str, Any]:
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "application/json"
+    return response.json()["error"]
+
+
+def start(kernel: ScriptedKernel, text: str, ctx: str | None = None, **iac_meta: Any) -> tuple[list[dict], str, str]:
+    ctx = ctx or new_ctx()
+    iac_meta.setdefault("run_mode", "pipeline")
+    got = frames(rpc(kernel, "SendStreamingMessage", message(text, context_id=ctx, **iac_meta), stream=True))
+    assert kind(got[0]) == "task"
+    return got, got[0]["result"]["task"]["id"], ctx
+
+
+def answer(kernel: ScriptedKernel, ctx: str, task_id: str, text: str) -> list[dict[str, Any]]:
+    params = message(text, context_id=ctx, task_id=task_id, run_mode="pipeline", pipeline_name="selling")
+    return frames(rpc(kernel, "SendStreamingMessage", params, stream=True))
+
+
+def pipeline_state(kernel: ScriptedKernel, **params: Any) -> requests.Response:
+    return requests.get(kernel.url + "iac-code/pipeline/state", params=params, headers=HEADERS, timeout=5)
+
+
+def journal(kernel: ScriptedKernel, task_id: str, after: int = 0) -> list[dict[str, Any]]:
+    response = pipeline_state(kernel, taskId=task_id, afterSequence=after, includeSnapshot="false")
+    assert response.status_code == 200
+    return response.json()["events"]
+
+
+def get_task(kernel: ScriptedKernel, task_id: str) -> dict[str, Any]:
+    return rpc(kernel, "GetTask", {"id": task_id}).json()["result"]
+
+
+def permission_part(task_id: str, envelope: dict[str, Any], decision: str) -> list[dict[str, Any]]:
+    data = {
+        "schemaVersion": 1,
+        "kind": "permission",
+        "requestTaskId": task_id,
+        "inputId": envelope["inputId"],
+        "toolUseId": envelope["toolUseId"],
+        "decision": decision,
+    }
+    return [{"data": data, "mediaType": "application/json"}]
+
+
+# --------------------------------------------------------------------------- default pipeline
+
+
+def test_default_pipeline_event_order_and_envelopes(kernel: ScriptedKernel) -> None:
+    text = "I want a small website on Alibaba Cloud."
+    got, task_id, ctx = start(kernel, text, cwd="/srv/workspaces/pipe", pipeline_name="selling")
+    task = got[0]["result"]["task"]
+    assert task["status"] == {"state": "TASK_STATE_SUBMITTED"}
+    assert task["history"][0]["parts"] == [{"text": text}]
+    # Every later frame is a statusUpdate carrying pipeline envelopes (no plain SUBMITTED/WORKING).
+    session = None
+    for frame in got[1:]:
+        assert kind(frame) == "statusUpdate"
+        envs = envelopes(frame)
+        assert envs, frame
+        assert "message" not in update(frame)["status"]
+        assert state(frame) == STATES[envs[-1]["status"]]
+        assert "iacCodeSessionId" not in iac(frame)  # only inside the envelope, as captured
+        for env in envs:
+            assert ENVELOPE_KEYS <= set(env), env
+            assert env["schemaVersion"] == "1.0" and env["extensionUri"] == URI
+            assert re.fullmatch(r"evt-[0-9a-f]{32}", env["eventId"])
+            assert isinstance(env["sequence"], float)
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", env["createdAt"])
+            assert (env["pipelineRunId"], env["contextId"], env["taskId"]) == (ctx, ctx, task_id)
+            assert env["pipelineName"] == "selling"
+            session = session or env["iacCodeSessionId"]
+            assert env["iacCodeSessionId"] == session
+            if "step" in env:
+                assert env["scope"] == "step"
+                step = env["step"]
+                assert step["runId"] == f"step-{step['id']}-1"
+                assert isinstance(step["index"], float) and step["total"] == 5.0 and step["attempt"] == 1.0
+    envs = live(got)
+    assert len({e["eventId"] for e in envs}) == len(envs)
+    first = envs[0]
+    assert first["eventType"] == "pipeline_started" and first["scope"] == "pipeline" and first["sequence"] == 1.0
+    assert first["data"] == {
+        "totalSteps": 5.0,
+        "stepNames": STEPS,
+        "userRequest": text,
+        "pipelineType": "selling",
+    }
+    for index, name in enumerate(STEPS, 1):
+        step_envs = [e for e in envs if e.get("step", {}).get("id") == name]
+        assert types(step_envs) == STEP_EVENTS, name
+        assert step_envs[0]["step"]["index"] == float(index)
+        assert step_envs[0]["step"]["type"] == "normal" and step_envs[0]["data"]["name"] == name
+        assert step_envs[3]["data"] == {"text": f"Working on {name}."}
+        assert step_envs[4]["data"]["toolName"] == "complete_step"
+        assert step_envs[7]["data"]["isError"] is False
+        assert step_envs[-1]["data"]["conclusionField"]
+    # Bursts come as pipelineBatch.
+    batches = [iac(f)["pipelineBatch"] for f in got[1:] if "pipelineBatch" in iac(f)]
+    assert len(batches) == 5
+    for batch in batches:
+        assert batch["schemaVersion"] == "1.0" and batch["extensionUri"] == URI
+        assert types(batch["events"]) == ["usage", "context_usage"]
+    # The end: 19/20 only in the journal; live 21, 23, 22, 24 (capture 38's pattern).
+    tail = [envelopes(f)[0] for f in got[-4:]]
+    assert types(tail) == ["pipeline_completed", "backup_committed", "pipeline_handoff_ready", "backup_committed"]
+    base = tail[0]["sequence"]
+    assert [e["sequence"] for e in tail] == [base, base + 2, base + 1, base + 3]
+    assert [state(f) for f in got[-4:]] == ["TASK_STATE_COMPLETED"] * 4
+    assert tail[0]["data"] == {"totalSteps": 5.0, "earlyExit": False} and tail[0]["visibility"] == "committed"
+    assert tail[1]["data"] == {
+        "committedEventId": tail[0]["eventId"],
+        "committedEventType": "pipeline_completed",
+        "committedSequence": base,
+    }
+    handoff = tail[2]["data"]
+    assert (handoff["action"], handoff["targetMode"], handoff["outcome"]) == ("switch_to_normal", "normal", "completed")
+    assert handoff["summary"].startswith("[Pipeline Handoff Context]")
+    assert tail[3]["data"]["committedEventId"] == tail[2]["eventId"]
+    sequences = {e["sequence"] for e in envs}
+    assert base - 1 not in sequences and base - 2 not in sequences
+    assert get_task(kernel, task_id)["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+def test_journal_is_live_plus_journal_only_and_after_sequence_filters(kernel: ScriptedKernel) -> None:
+    got, task_id, ctx = start(kernel, "journal please")
+    envs = live(got)
+    full = pipeline_state(kernel, taskId=task_id, afterSequence=0, includeSnapshot="false").json()
+    assert set(full) == {"fromSequence", "lastSequence", "events"}
+    events = full["events"]
+    sequences = [e["sequence"] for e in events]
+    assert all(isinstance(s, int) for s in sequences)
+    assert sequences == list(range(1, len(events) + 1))
+    assert full["fromSequence"] == 0 and full["lastSequence"] == sequences[-1]
+    by_id = {e["eventId"]: e for e in events}
+    live_ids = {e["eventId"] for e in envs}
+    journal_only = [e for e in events if e["eventId"] not in live_ids]
+    assert live_ids <= set(by_id)
+    assert [(e["eventType"], e["visibility"]) for e in journal_only] == [
+        ("pipeline_completed", "pending_backup"),
+        ("pipeline_handoff_ready", "pending_backup"),
+    ]
+    for env in envs:  # the same envelope, numbers aside (floats live, integers in the journal)
+        assert by_id[env["eventId"]] == env
+    # afterSequence filters; alone it also returns the snapshot.
+    middle = sequences[len(sequences) // 2]
+    delta = pipeline_state(kernel, taskId=task_id, afterSequence=middle, includeSnapshot="false").json()
+    assert delta["fromSequence"] == middle and delta["lastSequence"] == sequences[-1]
+    assert [e["sequence"] for e in delta["events"]] == [s for s in sequences if s > middle]
+    both = pipeline_state(kernel, taskId=task_id, afterSequence=middle).json()
+    assert both["snapshot"]["taskId"] == task_id
+    assert [e["sequence"] for e in both["events"]] == [s for s in sequences if s > middle]
+    plain = pipeline_state(kernel, contextId=ctx).json()
+    assert plain["events"] == [] and plain["snapshot"]["taskId"] == task_id
+    assert "toolResults" in plain["snapshot"]["display"]
+    lean = pipeline_state(kernel, taskId=task_id, lean=1).json()
+    assert "toolResults" not in lean["snapshot"]["display"]
+    assert lean["snapshot"]["steps"] == plain["snapshot"]["steps"]
+    # Errors.
+    missing = pipeline_state(kernel)
+    assert missing.status_code == 400
+    for bad_after in ("x", "-1", "2.5", "nan"):
+        bad = pipeline_state(kernel, taskId=task_id, afterSequence=bad_after)
+        assert bad.status_code == 400, bad_after
+        assert bad.json() == {"error": "afterSequence must be a non-negative integer."}
+    unknown = pipeline_state(kernel, taskId=str(uuid.uuid4()))
+    assert (unknown.status_code, unknown.json()) == (404, {"error": "A2A pipeline state not found"})
+    mismatch = pipeline_state(kernel, taskId=task_id, contextId=new_ctx())
+    assert mismatch.status_code == 404
+
+
+def test_snapshot_shape_after_completion(kernel: ScriptedKernel) -> None:
+    got, task_id, ctx = start(kernel, "snapshot please")
+    body = pipeline_state(kernel, taskId=task_id).json()
+    assert body["events"] == []
+    snap = body["snapshot"]
+    assert {
+        "schemaVersion",
+        "snapshotVersion",
+        "pipelineRunId",
+        "pipelineName",
+        "taskId",
+        "contextId",
+        "status",
+        "lastSequence",
+        "steps",
+        "pendingInput",
+        "stacks",
+        "display",
+        "control",
+        "cleanup",
+        "normalHandoff",
+        "pendingNormalHandoff",
+        "pendingTerminal",
+        "generatedAt",
+    } <= set(snap)
+    assert (snap["pipelineRunId"], snap["contextId"], snap["taskId"]) == (ctx, ctx, task_id)
+    assert snap["status"] == "completed" and snap["pendingInput"] is None
+    assert snap["lastSequence"] == journal(kernel, task_id)[-1]["sequence"]
+    assert [s["id"] for s in snap["steps"]] == STEPS
+    for step in snap["steps"]:
+        assert step["status"] == "completed" and step["conclusionField"] and step["completedAt"]
+    assert [m["text"] for m in snap["display"]["messages"]] == [f"Working on {name}." for name in STEPS]
+    assert len(snap["display"]["toolResults"]) == 5
+    assert snap["control"]["stepNames"] == STEPS and snap["control"]["userRequest"] == "snapshot please"
+    assert snap["normalHandoff"]["outcome"] == "completed"
+    assert snap["normalHandoff"]["visibility"] == "committed"
+    assert snap["pendingNormalHandoff"] is None
+
+
+def test_handoff_then_normal_turn_in_same_context(kernel: ScriptedKernel) -> None:
+    got, task_id, ctx = start(kernel, "hand me off")
+    session = live(got)[0]["iacCodeSessionId"]
+    normal = frames(rpc(kernel, "SendStreamingMessage", message("[RECALL] hello again", context_id=ctx), stream=True))
+    assert kind(normal[0]) == "task" and normal[0]["result"]["task"]["id"] != task_id
+    assert [state(f) for f in normal[1:3]] == ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"]
+    assert all("pipeline" not in iac(f) and "pipelineBatch" not in iac(f) for f in normal[1:])
+    assert state(normal[-1]) == "TASK_STATE_INPUT_REQUIRED" and "input" not in iac(normal[-1])
+    assert iac(normal[-1])["iacCodeSessionId"] == session
+    final = "".join(p["text"] for p in update(normal[-2])["status"]["message"]["parts"])
+    assert final == "This context has seen 2 user turns."
+    # The finished pipeline task is terminal.
+    error = rpc_error(rpc(kernel, "SendStreamingMessage", message("more", context_id=ctx, task_id=task_id)))
+    assert error["code"] == -32602 and "terminal state" in error["message"]
+    # A second pipeline in the same context (same pipelineRunId) continues the sequence.
+    last = journal(kernel, task_id)[-1]["sequence"]
+    again, second_id, _ = start(kernel, "once more", ctx=ctx)
+    first = live(again)[0]
+    assert first["eventType"] == "pipeline_started" and first["sequence"] == float(last + 1)
+    assert first["pipelineRunId"] == ctx and first["iacCodeSessionId"] == session
+    assert pipeline_state(kernel, contextId=ctx).json()["snapshot"]["taskId"] == second_id
+    assert journal(kernel, second_id)[0]["sequence"] == last + 1
+
+
+def test_pipeline_names(kernel: ScriptedKernel) -> None:
+    error = rpc_error(rpc(kernel, "SendStreamingMessage", message("x", run_mode="pipeline", pipeline_name="nope")))
+    assert error["code"] == -32602
+    got, _, _ = start(kernel, "solution first", pipeline_name="selling_solution_first")
+    first = live(got)[0]
+    assert first["pipelineName"] == "selling_solution_first"
+    assert first["data"]["pipelineType"] == "selling_solution_first"
+    got, _, _ = start(kernel, "default", pipeline_name="")
+    assert live(got)[0]["pipelineName"] == "selling"
+
+
+# --------------------------------------------------------------------------- [PIPE-ASK]
+
+
+@pytest.mark.parametrize(
+    ("reply", "selected_id", "selected_label", "free_text"),
+    [
+        ("cn-hangzhou", "hz", "cn-hangzhou", ""),
+        ("sh", "sh", "cn-shanghai", ""),
+        ("somewhere in Europe", None, None, "somewhere in Europe"),
+    ],
+)
+def test_pipe_ask_wait_and_answer(
+    kernel: ScriptedKernel, reply: str, selected_id: str | None, selected_label: str | None, free_text: str
+) -> None:
+    text = "[PIPE-ASK] I want a small website on Alibaba Cloud."
+    got, task_id, ctx = start(kernel, text)
+    envs = live(got)
+    assert types(envs) == [
+        "pipeline_started",
+        "step_started",
+        "context_usage",
+        "message_started",
+        "text_delta",
+        "tool_started",
+        "usage",
+        "context_usage",
+        "input_required",
+    ]
+    tool = envs[5]["data"]
+    assert tool["toolName"] == "ask_user_question"
+    last = got[-1]
+    assert state(last) == "TASK_STATE_INPUT_REQUIRED"
+    wait = iac(last)["pipeline"]
+    assert (wait["eventType"], wait["status"], wait["scope"]) == ("input_required", "input_required", "step")
+    options = [{"id": "hz", "label": "cn-hangzhou"}, {"id": "sh", "label": "cn-shanghai"}]
+    tool_use_id = tool["toolUseId"]
+    expected = {
+        "schemaVersion": 1.0,
+        "kind": "ask_user_question",
+        "required": True,
+        "requestTaskId": task_id,
+        "contextId": ctx,
+        "inputId": f"ask-{tool_use_id}",
+        "toolUseId": tool_use_id,
+        "prompt": "Which region should host the site?",
+        "allowFreeText": True,
+        "options": options,
+    }
+    assert iac(last)["input"] == expected
+    assert wait["data"]["inputId"] == expected["inputId"] and wait["data"]["options"] == options
+    assert wait["input"]["required"] is True
+    # The wait is visible to GetTask and to the state endpoint.
+    task = get_task(kernel, task_id)
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert task["metadata"]["iac_code"]["input"] == expected
+    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
+    assert snap["status"] == "waiting_input" and snap["pendingInput"]["inputId"] == expected["inputId"]
+    assert snap["steps"][0]["status"] == "waiting_input"
+    # A permission answer to a question is rejected like capture 18.
+    wrong = permission_part(task_id, {"inputId": "permission-" + "0" * 32, "toolUseId": tool_use_id}, "allow_once")
+    error = rpc_error(rpc(kernel, "SendStreamingMessage", message(context_id=ctx, task_id=task_id, parts=wrong)))
+    assert (error["code"], error["message"]) == (-32602, PERMISSION_NOT_ACTIVE)
+    # The answer: no task frame, input_received first, then the pipeline runs to its end.
+    after = answer(kernel, ctx, task_id, reply)
+    assert kind(after[0]) == "statusUpdate"
+    received = envelopes(after[0])[0]
+    assert received["eventType"] == "input_received" and state(after[0]) == "TASK_STATE_WORKING"
+    data = received["data"]
+    assert (data["kind"], data["inputId"], data["toolUseId"]) == ("ask_user_question", expected["inputId"], tool_use_id)
+    assert (data["selectedId"], data["selectedLabel"], data["freeText"]) == (selected_id, selected_label, free_text)
+    assert data["answerTextLength"] == float(len(reply))
+    rest = live(after)
+    intent = [e for e in rest if e.get("step", {}).get("id") == "intent_parsing"]
+    assert types(intent)[-1] == "step_completed"
+    assert intent[-1]["data"]["conclusion"]["clarification_choice"] == (selected_id or reply)
+    assert state(after[-1]) == "TASK_STATE_COMPLETED"
+    assert rest[0]["sequence"] == wait["sequence"] + 1
+
+
+# --------------------------------------------------------------------------- [PIPE-CANDIDATES]
+
+
+@pytest.mark.parametrize(("rich", "decision"), [(True, "Confirm"), (False, "cancel")])
+def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: bool, decision: str) -> None:
+    extra = {"candidatePresentation": "rich-v1"} if rich else {}
+    got, task_id, ctx = start(kernel, "[PIPE-CANDIDATES] compare plans", **extra)
+    envs = live(got)
+    started = of_type(envs, "candidate_started")
+    assert [e["candidate"]["id"] for e in started] == ["c1", "c2"]
+    for env in started:
+        assert env["scope"] == "candidate" and env["step"]["id"] == "evaluate_candidates"
+        cid = env["candidate"]["id"]
+        assert env["candidate"] == {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"}
+    deltas = [e for e in of_type(envs, "text_delta") if e["scope"] == "candidate"]
+    assert [e["candidate"]["id"] for e in deltas] == ["c1", "c2", "c1", "c2"]
+    for env in deltas:
+        assert env["candidateStep"]["id"] == "price_estimation"
+        assert env["candidateStep"]["runId"] == f"cstep-{env['candidate']['id']}-price_estimation-1"
+    for event_type in ("candidate_step_started", "candidate_step_completed", "candidate_completed"):
+        assert [e["candidate"]["id"] for e in of_type(envs, event_type)] == ["c1", "c2"]
+    assert any(
+        "pipelineBatch" in iac(f) and {e["scope"] for e in iac(f)["pipelineBatch"]["events"]} == {"candidate"}
+        for f in got[1:]
+    )
+    # confirm_and_select waits for a candidate_selection.
+    wait = iac(got[-1])["input"]
+    assert state(got[-1]) == "TASK_STATE_INPUT_REQUIRED"
+    assert wait["kind"] == "candidate_selection" and wait["allowFreeText"] is False
+    assert [o["id"] for o in wait["options"]] == ["c1", "c2"]
+    assert [o["label"] for o in wait["options"]] == ["Plan A", "Plan B"]
+    if rich:
+        for option in wait["options"]:
+            assert {"summary", "architectureDiagram", "totalMonthlyCost", "costItems"} <= set(option)
+            assert all(set(item) == {"name", "monthlyCost"} for item in option["costItems"])
+    else:
+        assert all(set(option) == {"id", "label"} for option in wait["options"])
+    error = rpc_error(rpc(kernel, "SendStreamingMessage", message("Plan Z", context_id=ctx, task_id=task_id)))
+    assert error["code"] == -32602
+    picked = answer(kernel, ctx, task_id, "Plan B")
+    picked_envs = live(picked)
+    assert picked_envs[0]["eventType"] == "input_received"
+    assert (picked_envs[0]["data"]["selectedId"], picked_envs[0]["data"]["kind"]) == ("c2", "candidate_selection")
+    assert of_type(picked_envs, "candidate_selected")[0]["data"] == {"candidateId": "c2", "label": "Plan B"}
+    # deploying waits for a deployment_confirmation.
+    confirm = iac(picked[-1])["input"]
+    assert state(picked[-1]) == "TASK_STATE_INPUT_REQUIRED"
+    assert confirm["kind"] == "deployment_confirmation"
+    assert [o["id"] for o in confirm["options"]] == ["confirm", "cancel"]
+    done = answer(kernel, ctx, task_id, decision)
+    done_envs = live(done)
+    assert done_envs[0]["data"]["selectedId"] == decision.lower()
+    assert state(done[-1]) == "TASK_STATE_COMPLETED"
+    completed = of_type(done_envs, "pipeline_completed")[0]["data"]
+    handoff = of_type(done_envs, "pipeline_handoff_ready")[0]["data"]
+    if decision.lower() == "cancel":
+        assert completed["earlyExit"] is True and handoff["outcome"] == "early_exit"
+    else:
+        assert completed["earlyExit"] is False and handoff["outcome"] == "completed"
+    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
+    step = next(s for s in snap["steps"] if s["id"] == "evaluate_candidates")
+    assert [(c["id"], c["status"]) for c in step["candidates"]] == [("c1", "completed"), ("c2", "completed")]
+    assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["selectedCandidateId"] == "c2"
+
+
+# --------------------------------------------------------------------------- [PIPE-PERMS]
+
+
+def _perm_wait(kernel: ScriptedKernel) -> tuple[list[dict[str, Any]], str, str, list[dict[str, Any]]]:
+    got, task_id, ctx = start(kernel, "[PIPE-PERMS] price the plans", preferredLanguage="en")
+    last = got[-1]
+    assert state(last) == "TASK_STATE_INPUT_REQUIRED"
+    pending = iac(last)["pendingPermissions"]
+    assert iac(last)["input"] == pending[0]
+    assert iac(last)["permission"]["pending"] is True
+    batch = iac(last)["pipelineBatch"]["events"]
+    assert types(batch) == ["permission_requested", "permission_requested"]
+    assert [e["candidate"]["id"] for e in batch] == ["c1", "c2"]
+    assert all(e["status"] == "input_required" and e["scope"] == "candidate" for e in batch)
+    return got, task_id, ctx, pending
+
+
+def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKernel) -> None:
+    got, task_id, ctx, pending = _perm_wait(kernel)
+    assert len(pending) == 2
+    for env, cid in zip(pending, ("c1", "c2"), strict=True):
+        assert {
+            "schemaVersion",
+            "kind",
+            "required",
+            "language",
+            "requestTaskId",
+            "contextId",
+            "inputId",
+            "toolUseId",
+            "toolName",
+            "title",
+            "purpose",
+            "effect",
+            "target",
+            "isReadOnly",
+            "prompt",
+            "safeSummary",
+            "options",
+            "scope",
+            "subPipelineId",
+        } == set(env)
+        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate", f"sub-{cid}")
+        assert (env["requestTaskId"], env["contextId"], env["schemaVersion"]) == (task_id, ctx, 1.0)
+        assert re.fullmatch(r"permission-[0-9a-f]{32}", env["inputId"])
+        assert [o["id"] for o in env["options"]] == ["allow_once", "deny"]
+    task = get_task(kernel, task_id)
+    assert task["metadata"]["iac_code"]["pendingPermissions"] == pending
+    # Unknown inputId: capture 18.
+    bogus = dict(pending[0], inputId="permission-" + "0" * 32)
+    error = rpc_error(
+        rpc(
+            kernel,
+            "SendMessage",
+            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, bogus, "deny")),
+        )
+    )
+    assert (error["code"], error["message"]) == (-32602, PERMISSION_NOT_ACTIVE)
+    # First answer (the second wait): acknowledged, the other wait remains.
+    first = rpc(
+        kernel,
+        "SendMessage",
+        message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "allow_once")),
+    ).json()["result"]["task"]
+    assert first["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert first["metadata"]["iac_code"]["pendingPermissions"] == [pending[0]]
+    assert first["metadata"]["iac_code"]["input"] == pending[0]
+    # Second answer: acknowledged at once, the pipeline continues.
+    second = rpc(
+        kernel,
+        "SendMessage",
+        message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[0], "deny")),
+    ).json()["result"]["task"]
+    assert second["id"] == task_id and second["status"]["state"] == "TASK_STATE_WORKING"
+    assert "pendingPermissions" not in second["metadata"]["iac_code"]
+    sub = SSE(rpc(kernel, "SubscribeToTask", {"id": task_id}, rid="req-sub", stream=True))
+    head = next(sub)
+    assert head["id"] == "req-sub" and head["result"]["task"]["status"]["state"] == "TASK_STATE_WORKING"
+    rest = list(sub)
+    assert rest and all(kind(f) == "statusUpdate" for f in rest)
+    assert state(rest[-1]) == "TASK_STATE_COMPLETED"
+    events = journal(kernel, task_id)
+    resolved = of_type(events, "permission_resolved")
+    assert [(e["candidate"]["id"], e["data"]["decision"]) for e in resolved] == [("c2", "allow_once"), ("c1", "deny")]
+    results = {e["candidate"]["id"]: e["data"]["isError"] for e in of_type(events, "tool_result") if "candidate" in e}
+    assert results == {"c1": True, "c2": False}
+    assert {e["eventId"] for e in live(rest)} <= {e["eventId"] for e in events}
+    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
+    assert [(p["status"], p["decision"]) for p in snap["display"]["permissions"]] == [
+        ("resolved", "deny"),
+        ("resolved", "allow_once"),
+    ]
+
+
+def test_pipe_perms_streaming_answers(kernel: ScriptedKernel) -> None:
+    got, task_id, ctx, pending = _perm_wait(kernel)
+    one = frames(
+        rpc(
+            kernel,
+            "SendStreamingMessage",
+            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[0], "allow_once")),
+            stream=True,
+        )
+    )
+    assert [state(f) for f in one] == ["TASK_STATE_WORKING", "TASK_STATE_INPUT_REQUIRED"]
+    assert iac(one[0])["inputReceived"] == {
+        "toolUseId": pending[0]["toolUseId"],
+        "kind": "permission",
+        "inputId": pending[0]["inputId"],
+        "decision": "allow_once",
+    }
+    assert iac(one[0])["pipeline"]["eventType"] == "permission_resolved"
+    assert iac(one[1])["pendingPermissions"] == [pending[1]] and iac(one[1])["input"] == pending[1]
+    two = frames(
+        rpc(
+            kernel,
+            "SendStreamingMessage",
+            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "allow_once")),
+            stream=True,
+        )
+    )
+    assert iac(two[0])["inputReceived"]["inputId"] == pending[1]["inputId"]
+    assert iac(two[0])["pipeline"]["eventType"] == "permission_resolved"
+    envs = live(two)
+    candidate_results = [e for e in of_type(envs, "tool_result") if e["scope"] == "candidate"]
+    assert [e["candidate"]["id"] for e in candidate_results] == ["c1", "c2"]
+    assert not any(e["data"]["isError"] for e in candidate_results)
+    assert state(two[-1]) == "TASK_STATE_COMPLETED"
+    # Answering again is an error.
+    again = rpc(
+        kernel,
+        "SendStreamingMessage",
+        message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "deny")),
+    )
+    assert rpc_error(again)["code"] == -32602
+
+
+# --------------------------------------------------------------------------- [PIPE-RESOURCE]
+
+
+def _input_response(task_id: str, ctx: str, wait: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    response = {
+        "schemaVersion": 1,
+        "kind": "cloud_resource_selection",
+        "status": "selected",
+        "requestTaskId": task_id,
+        "contextId": ctx,
+        "inputId": wait["inputId"],
+        "toolUseId": wait["toolUseId"],
+        "selectorId": "vpc",
+        "value": "vpc-1",
+        "label": "default VPC",
+    }
+    response.update(changes)
+    return {k: v for k, v in response.items() if v is not None}
+
+
+@pytest.mark.parametrize("status", ["selected", "canceled"])
+def test_pipe_resource_selection(kernel: ScriptedKernel, status: str) -> None:
+    got, task_id, ctx = start(kernel, "[PIPE-RESOURCE] pick a network")
+    last = got[-1]
+    assert state(last) == "TASK_STATE_INPUT_REQUIRED"
+    wait = iac(last)["input"]
+    assert wait["kind"] == "cloud_resource_selection" and wait["required"] is True
+    assert wait["selector"] == {"selectorId": "vpc", "options": [{"value": "vpc-1", "label": "default VPC"}]}
+    assert iac(last)["inputRequired"] == wait
+    assert iac(last)["pipeline"]["step"]["id"] == "architecture_planning"
+    assert get_task(kernel, task_id)["metadata"]["iac_code"]["inputRequired"] == wait
+
+    def send(response: Any, text: str = "vpc") -> requests.Response:
+        return rpc(
+            kernel,
+            "SendStreamingMessage",
+            message(text, context_id=ctx, task_id=task_id, inputResponse=response),
+            stream=True,
+        )
+
+    assert (
+        rpc_error(rpc(kernel, "SendStreamingMessage", message("vpc-1", context_id=ctx, task_id=task_id)))["code"]
+        == -32602
+    )
+    for bad in (
+        _input_response(task_id, ctx, wait, inputId="resource-nope"),
+        _input_response(task_id, ctx, wait, extra=True),
+        _input_response(task_id, ctx, wait, value="vpc-9"),
+        _input_response(task_id, ctx, wait, status="maybe"),
+        _input_response(task_id, ctx, wait, selectorId="vswitch"),
+        "not an object",
+    ):
+        assert rpc_error(send(bad))["code"] == -32602, bad
+    if status == "selected":
+        good = _input_response(task_id, ctx, wait, label=None)
+    else:
+        good = _input_response(task_id, ctx, wait, status="canceled", value="", label=None)
+    # requestTaskId alone addresses the task (no message.taskId).
+    params = message("ok", context_id=ctx, inputResponse=good)
+    after = frames(rpc(kernel, "SendStreamingMessage", params, stream=True))
+    received = envelopes(after[0])[0]
+    assert received["eventType"] == "input_received"
+    expected_label = "default VPC" if status == "selected" else None
+    assert received["data"] == {
+        "kind": "cloud_resource_selection",
+        "inputId": wait["inputId"],
+        "toolUseId": wait["toolUseId"],
+        "selectorId": "vpc",
+        "status": status,
+        "value": good["value"],
+        "label": expected_label,
+    }
+    assert state(after[-1]) == "TASK_STATE_COMPLETED"
+    planning = [e for e in live(after) if e.get("step", {}).get("id") == "architecture_planning"]
+    expected_vpc = "vpc-1" if status == "selected" else None
+    assert planning[-1]["data"]["conclusion"]["vpcId"] == expected_vpc
+
+
+# --------------------------------------------------------------------------- [PIPE-FAIL], [PIPE-OOO], [PIPE-SLOW]
+
+
+def test_pipe_fail_has_frames_after_the_first_failed(kernel: ScriptedKernel) -> None:
+    got, task_id, ctx = start(kernel, "[PIPE-FAIL] this will break")
+    states = [state(f) for f in got[1:]]
+    first_failed = states.index("TASK_STATE_FAILED")
+    tail = got[1 + first_failed :]
+    assert len(tail) >= 4 and all(state(f) == "TASK_STATE_FAILED" for f in tail)
+    assert types([envelopes(f)[0] for f in tail]) == [
+        "step_failed",
+        "pipeline_error",
+        "pipeline_failed",
+        "backup_committed",
+        "pipeline_handoff_ready",
+        "backup_committed",
+    ]
+    failed = envelopes(tail[0])[0]
+    assert failed["step"]["id"] == "architecture_planning" and failed["status"] == "failed"
+    assert failed["data"]["error"] == "No conclusion extracted"
+    assert failed["data"]["errorDetails"]["type"] == "StepFailed"
+    assert envelopes(tail[2])[0]["data"] == {"totalSteps": 5.0, "failed": True}
+    assert envelopes(tail[4])[0]["data"]["outcome"] == "failed"
+    assert get_task(kernel, task_id)["status"]["state"] == "TASK_STATE_FAILED"
+    events = journal(kernel, task_id)
+    assert len(events) == len(live(got)) + 2
+    snap = pipeline_state(kernel, contextId=ctx).json()["snapshot"]
+    assert snap["status"] == "failed"
+    assert [s["status"] for s in snap["steps"]] == ["completed", "failed"]
+    # Handoff to normal chat after a failure too.
+    normal = frames(rpc(kernel, "SendStreamingMessage", message("still there?", context_id=ctx), stream=True))
+    assert state(normal[-1]) == "TASK_STATE_INPUT_REQUIRED"
+
+
+def test_pipe_ooo_gaps_are_filled_from_the_journal(kernel: ScriptedKernel) -> None:
+    got, task_id, _ = start(kernel, "[PIPE-OOO] shuffle")
+    envs = live(got)
+    sequences = [e["sequence"] for e in envs]
+    planning = [e for e in envs if e.get("step", {}).get("id") == "architecture_planning"]
+    assert types(planning) == [
+        "step_started",
+        "context_usage",
+        "message_started",
+        "text_delta",
+        "tool_started",
+        "context_usage",
+        "usage",
+        "step_completed",
+    ]
+    swapped = planning[5]["sequence"]
+    assert planning[6]["sequence"] == swapped - 1  # delivered after a higher sequence
+    assert planning[7]["sequence"] == swapped + 2  # the tool_result in between never went out live
+    assert sequences != sorted(sequences)
+    events = journal(kernel, task_id)
+    missing = [e for e in events if e["sequence"] not in set(sequences)]
+    assert [(e["sequence"], e["eventType"]) for e in missing][0] == (swapped + 1, "tool_result")
+    assert sorted(sequences + [e["sequence"] for e in missing]) == list(range(1, len(events) + 1))
+    gap = pipeline_state(kernel, taskId=task_id, afterSequence=swapped, includeSnapshot="false").json()
+    assert gap["events"][0]["eventType"] == "tool_result"
+
+
+def test_pipe_slow_survives_disconnect_and_subscribe_continues() -> None:
+    with ScriptedKernel(TOKEN, delay_scale=0.2) as slow:
+        ctx = new_ctx()
+        params = message("[PIPE-SLOW] take your time", context_id=ctx, run_mode="pipeline")
+        reader = SSE(rpc(slow, "SendStreamingMessage", params, stream=True))
+        task_id = next(reader)["result"]["task"]["id"]
+        seen: list[dict[str, Any]] = []
+        for frame in reader:
+            seen.extend(envelopes(frame))
+            if seen[-1]["eventType"] == "step_completed":
+                break
+        reader.response.close()
+        sub = SSE(rpc(slow, "SubscribeToTask", {"id": task_id}, stream=True))
+        head = next(sub)
+        assert head["result"]["task"]["id"] == task_id
+        assert head["result"]["task"]["status"]["state"] == "TASK_STATE_WORKING"
+        rest = list(sub)
+        assert state(rest[-1]) == "TASK_STATE_COMPLETED"
+        events = journal(slow, task_id)
+        delivered = {e["eventId"] for e in seen + live(rest)}
+        assert delivered <= {e["eventId"] for e in events}
+        started = [e["createdAt"] for e in events if e["eventType"] == "step_started"]
+        assert len(started) == 5
+
+
+def test_answer_after_fresh_connection_restart_realism(kernel: ScriptedKernel) -> None:
+    """All pipeline state lives in the kernel: a new client (e.g. a restarted adapter) can answer."""
+    got, task_id, ctx = start(kernel, "[PIPE-ASK] restart me")
+    session = requests.Session()
+    body = {"jsonrpc": "2.0", "id": "r", "method": "GetTask", "params": {"id": task_id}}
+    task = session.post(kernel.url, json=body, headers=HEADERS, timeout=5).json()["result"]
+    wait = task["metadata"]["iac_code"]["input"]
+    assert wait["kind"] == "ask_user_question"
+    snapshot = session.get(
+        kernel.url + "iac-code/pipeline/state", params={"contextId": ctx}, headers=HEADERS, timeout=5
+    ).json()["snapshot"]
+    assert snapshot["pendingInput"]["inputId"] == wait["inputId"]
+    deadline = time.monotonic() + 5
+    after = answer(kernel, ctx, task_id, "cn-shanghai")
+    assert time.monotonic() < deadline
+    assert state(after[-1]) == "TASK_STATE_COMPLETED"
+
+
+def test_cancel_running_pipeline() -> None:
+    with ScriptedKernel(TOKEN, delay_scale=0.2) as slow:
+        params = message("[PIPE-SLOW] cancel me", context_id=new_ctx(), run_mode="pipeline")
+        reader = SSE(rpc(slow, "SendStreamingMessage", params, stream=True))
+        task_id = next(reader)["result"]["task"]["id"]
+        assert envelopes(next(reader))[0]["eventType"] == "pipeline_started"
+        canceled = rpc(slow, "CancelTask", {"id": task_id}).json()["result"]
+        assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
+        rest = list(reader)
+        assert state(rest[-1]) == "TASK_STATE_CANCELED"
+        assert iac(rest[-1])["pipeline"]["eventType"] == "pipeline_canceled"
+        assert iac(rest[-1])["pipeline"]["status"] == "canceled"
+        snap = pipeline_state(slow, taskId=task_id).json()["snapshot"]
+        assert snap["status"] == "canceled"
+        assert journal(slow, task_id)[-1]["eventType"] == "pipeline_canceled"
