@@ -271,7 +271,10 @@ class RunTranslator:
     def emit_text(self, kernel_id: str, text: str, ts: int, out: list[Event], *, parallel: bool = False) -> None:
         shown = self._shown.get(kernel_id)
         if shown is None:
-            text = self._strip_shown_prefix(text)
+            # A status message may repeat what an earlier run of this execution showed.
+            # Pipeline deltas never do: they are de-duplicated by eventId instead.
+            if not parallel:
+                text = self._strip_shown_prefix(text)
             shown = self._shown[kernel_id] = []
         if not text:
             return
