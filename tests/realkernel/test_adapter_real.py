@@ -649,3 +649,67 @@ def assert_no_secrets(state_dir: Path) -> None:
         data = path.read_bytes()
         for secret in SECRETS:
             assert secret.encode() not in data, (path, secret)
+
+
+# ============================================================================ pipelines
+def test_pipeline_question_answered_by_option_runs_to_its_end(
+    client: Client, ws: Path, real_kernel: RealKernel, tag: str
+) -> None:
+    from ..agui_check.official import check_streams, require_official_client
+
+    body = run_body(
+        f"[PIPE-ASK] I want a small website on Alibaba Cloud. {tag}",
+        thread_id=thread_id("pipe"),
+        cwd=str(ws),
+        runMode="pipeline",
+        pipelineName="selling",
+    )
+    first = client.run(body)
+    assert first.terminal["type"] == "RUN_FINISHED", first.terminal
+    assert first.terminal["outcome"]["type"] == "interrupt"
+    [question] = first.terminal["outcome"]["interrupts"]
+    assert question["metadata"]["kind"] == "ask_user_question" and question["reason"] == "input_required"
+    assert {o["label"] for o in question["metadata"]["options"]} >= {"cn-hangzhou", "cn-shanghai"}
+    assert [e["stepName"] for e in first.of("STEP_STARTED")] == ["intent_parsing"]
+    assert [c["value"]["eventType"] for c in first.of("CUSTOM") if c["name"] == "iac-code.pipeline.v1"][0] == (
+        "pipeline_started"
+    )
+    option = next(o for o in question["metadata"]["options"] if o["label"] == "cn-hangzhou")
+    props = body["forwardedProps"]["iacCode"]
+    second = client.run(
+        run_body(
+            None,
+            thread_id=body["threadId"],
+            cwd=props["cwd"],
+            ros=props["rosInvocationId"],
+            runMode="pipeline",
+            pipelineName="selling",
+            resume=[{"interruptId": question["id"], "status": "resolved", "payload": {"selectedId": option["id"]}}],
+        )
+    )
+    assert second.terminal["type"] == "RUN_FINISHED", second.terminal
+    assert second.terminal["outcome"] == {"type": "success"}
+    types = second.types()
+    assert types[:2] == ["RUN_STARTED", "STEP_STARTED"] and "ACTIVITY_SNAPSHOT" in types
+    assert "intent_parsing" in [e["stepName"] for e in second.of("STEP_FINISHED")]
+    pipeline_events = [
+        c["value"] for r in (first, second) for c in r.of("CUSTOM") if c["name"] == "iac-code.pipeline.v1"
+    ]
+    ids = [e["eventId"] for e in pipeline_events]
+    assert len(ids) == len(set(ids))
+    assert "pipeline_completed" in [e["eventType"] for e in pipeline_events]
+    # every allowlisted event of the kernel's journal reached the client exactly once
+    import requests
+
+    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
+
+    state = requests.get(
+        real_kernel.url + "/iac-code/pipeline/state",
+        params={"taskId": session_value(first)["taskId"], "afterSequence": 0, "includeSnapshot": "false"},
+        headers=real_kernel.headers(),
+        timeout=10,
+    ).json()
+    assert set(ids) == {e["eventId"] for e in state["events"] if e["eventType"] in CUSTOM_EVENT_TYPES}
+    require_official_client()
+    verdict = check_streams([first.raw, second.raw], resume_payload={"selectedId": option["id"]})
+    assert verdict.ok, verdict.output
