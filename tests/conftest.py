@@ -38,6 +38,37 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDER = StreamRecorder(os.environ.get("AGUI_STREAM_DIR"))
 KERNEL_TOKEN = "scripted-kernel-token"
 
+# Every secret any test sent, and every place the adapter could have written it down:
+# checked once at the end of the session (no secret on disk, none in a log).
+SENT_SECRETS: set[str] = set()
+STATE_DIRS: list[Path] = []
+ADAPTER_LOGS: list[Any] = []
+
+
+def remember_secrets(body: Any) -> None:
+    iac = body.get("forwardedProps", {}).get("iacCode", {}) if isinstance(body, dict) else {}
+    if not isinstance(iac, dict):
+        return
+    cloud = iac.get("alibabaCloud") if isinstance(iac.get("alibabaCloud"), dict) else {}
+    headers = iac.get("llmHeaders") if isinstance(iac.get("llmHeaders"), dict) else {}
+    for value in [iac.get("llmApiKey"), cloud.get("accessKeySecret"), cloud.get("securityToken"), *headers.values()]:
+        if isinstance(value, str) and len(value) >= 6:
+            SENT_SECRETS.add(value)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_secret_is_ever_written_down() -> Iterator[None]:
+    yield
+    leaks = []
+    for directory in STATE_DIRS:
+        for path in directory.rglob("*") if directory.exists() else []:
+            if path.is_file():
+                data = path.read_bytes()
+                leaks += [f"{path}: {s[:4]}…" for s in SENT_SECRETS if s.encode() in data]
+    for process in ADAPTER_LOGS:
+        leaks += [f"adapter log: {s[:4]}…" for s in SENT_SECRETS if s.encode() in process.log]
+    assert not leaks, f"secrets written down: {leaks}"
+
 
 @pytest.fixture(scope="session")
 def scripted_kernel() -> Iterator[ScriptedKernel]:
@@ -88,6 +119,7 @@ class Client:
     def run(
         self, body: dict[str, Any] | bytes, *, headers: dict[str, str] | None = None, check: bool = True
     ) -> RunResult:
+        remember_secrets(body)
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         response = self.session.post(self.url, data=data, headers=self.headers(headers), timeout=60)
         result = RunResult(response.status_code, dict(response.headers), response.content)
@@ -190,6 +222,7 @@ def make_adapter(tmp_path: Path, scripted_kernel: ScriptedKernel) -> Iterator[An
             allowed_cwds=str(tmp_path),
         )
         settings = replace(base, **overrides)
+        STATE_DIRS.append(Path(settings.state_dir))
         kernel = KernelProcess(scripted_kernel.url, KERNEL_TOKEN, "scripted")
         adapter = InProcessAdapter(settings, kernel)
         started.append(adapter)
@@ -291,6 +324,8 @@ def adapter_process(tmp_path: Path, scripted_kernel: ScriptedKernel) -> Iterator
             *extra,
         ]
         process = AdapterProcess(args, environ).start()
+        STATE_DIRS.append(tmp_path / "state")
+        ADAPTER_LOGS.append(process)
         started.append(process)
         return process
 

@@ -217,3 +217,23 @@ def test_default_language_setting(make_adapter: Any) -> None:
     adapter = make_adapter(default_language="zh")
     result = adapter.client().run(b"{oops")
     assert result.error["message"] == client_translate("zh", "The request body is not valid JSON.")
+
+
+def test_secrets_stay_out_of_debug_logs(adapter_process: Any, workspace: Path) -> None:
+    process = adapter_process("--log-level", "debug", "--auth-token", "bearer-SECRET-42")
+    client = Client(process.url, "bearer-SECRET-42")
+    secrets = {
+        "llmApiKey": "sk-DEBUG-SECRET-1",
+        "alibabaCloud": {"accessKeySecret": "AKS-DEBUG-2", "securityToken": "STS-DEBUG-3"},
+    }
+    assert client.run(run_body("[ECHO] hi", cwd=str(workspace), **secrets)).status == 200
+    bad = client.run(run_body(cwd=str(workspace), thinking={"budget": "x"}, **secrets))
+    assert bad.status == 400
+    wrong = Client(process.url, "not-the-token").run(run_body(cwd=str(workspace)))
+    assert wrong.status == 401
+    import time
+
+    time.sleep(0.3)
+    for secret in ("sk-DEBUG-SECRET-1", "AKS-DEBUG-2", "STS-DEBUG-3", "bearer-SECRET-42", "not-the-token"):
+        assert secret.encode() not in process.log, secret
+    assert b"run " in process.log  # the log is really there

@@ -297,3 +297,37 @@ def test_cancel_pending_interrupt(client: Client, workspace: Path) -> None:
     )
     assert late.terminal["code"] == "EXECUTION_LOST"
     assert client.run(run_body(thread_id=body["threadId"], cwd=str(workspace), ros="x")).status == 200
+
+
+def test_read_only_state_dir_fails_closed(adapter: Any, workspace: Path, tmp_path: Path, scripted_kernel: Any) -> None:
+    """A real write failure (an immutable directory), not a simulated one."""
+    import os
+    import subprocess
+
+    threads = tmp_path / "state" / "threads"
+    body = run_body("[SILENT 20] [WRITE] x", cwd=str(workspace))  # 1 s of kernel silence first
+    with requests.post(adapter.url, json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30) as r:
+        chunks = r.iter_content(None)
+        raw = b""
+        for chunk in chunks:
+            raw += chunk
+            if b"iac-code.session.v1" in raw:
+                break
+        if subprocess.run(["chattr", "+i", str(threads)], capture_output=True).returncode != 0:
+            if os.environ.get("CI") == "true":
+                pytest.fail("chattr +i is needed for this test")
+            pytest.skip("chattr +i is not available here")
+        try:
+            for chunk in chunks:
+                raw += chunk
+        finally:
+            subprocess.run(["chattr", "-i", str(threads)], check=True)
+    from .agui_stream import check_stream, parse_sse
+
+    events = parse_sse(raw)
+    check_stream(events)
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "STATE_PERSISTENCE_FAILED"
+    task_id = raw.split(b'"taskId":"')[1].split(b'"')[0].decode()
+    assert any(c["params"].get("id") == task_id for c in kernel_calls(scripted_kernel, "CancelTask"))
+    # nothing was announced that could not be resumed
+    assert b'"interrupt"' not in raw

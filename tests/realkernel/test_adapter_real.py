@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from ..agui_stream import check_stream, parse_sse
-from ..conftest import RECORDER, AdapterProcess, Client, RunResult, run_body
+from ..conftest import ADAPTER_LOGS, RECORDER, STATE_DIRS, AdapterProcess, Client, RunResult, run_body
 from ..fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
 from .harness import RealKernel
 
@@ -77,6 +77,8 @@ class Adapters:
             *extra,
         ]
         process = AdapterProcess(args, environ).start()
+        STATE_DIRS.append(self.state_dir)
+        ADAPTER_LOGS.append(process)
         self.started.append(process)
         return process
 
