@@ -229,7 +229,8 @@ class RunTranslator:
 
     # --- frames -----------------------------------------------------------------------
     def map(self, info: FrameInfo, ts: int) -> list[Event]:
-        """Events for one frame, in the fixed order thinking, tool, usage, artifact, text."""
+        """Events for one frame, in a fixed order: pipeline envelopes, thinking, tool, usage,
+        artifact, text."""
         out: list[Event] = []
         iac = info.iac
         if iac:

@@ -331,3 +331,19 @@ def test_read_only_state_dir_fails_closed(adapter: Any, workspace: Path, tmp_pat
     assert any(c["params"].get("id") == task_id for c in kernel_calls(scripted_kernel, "CancelTask"))
     # nothing was announced that could not be resumed
     assert b'"interrupt"' not in raw
+
+
+def test_session_backup_not_ready_is_retryable(client: Client, workspace: Path, scripted_kernel: Any) -> None:
+    body, result = interrupted(client, workspace)
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
+    session_id = session_value(result)["sessionId"]
+    scripted_kernel.state.backup_not_ready.add(session_id)
+    try:
+        early = client.run(resume(body, answer))
+    finally:
+        scripted_kernel.state.backup_not_ready.discard(session_id)
+    assert early.terminal["type"] == "RUN_ERROR" and early.terminal["code"] == "SESSION_BACKUP_NOT_READY"
+    assert not (workspace / "hello.txt").exists()
+    retry = client.run(resume(body, answer))  # the interrupt stayed pending
+    assert retry.terminal["type"] == "RUN_FINISHED" and (workspace / "hello.txt").exists()

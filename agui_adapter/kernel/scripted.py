@@ -703,6 +703,8 @@ class KernelState:
         self._seq = 0
         self._default_cwd = default_cwd
         self.closing = False
+        # Test knob: sessions whose backup is still "synchronizing" (ensure-restored answers 409).
+        self.backup_not_ready: set[str] = set()
 
     # ----------------------------------------------------------- request log
 
@@ -1860,6 +1862,17 @@ class ScriptedKernelApp:
             return bad
         wanted_cwd = os.path.normpath(cwd)
         with self.state.lock:
+            if session_id in self.state.backup_not_ready:
+                return _json_response(
+                    {
+                        "error": {
+                            "code": "SESSION_BACKUP_NOT_READY",
+                            "retryable": True,
+                            "message": "Session backup is still synchronizing. Retry after 3 seconds.",
+                        }
+                    },
+                    409,
+                )
             found = any(
                 ctx.session_id == session_id and ctx.cwd in (None, wanted_cwd) for ctx in self.state.contexts.values()
             )
