@@ -347,3 +347,22 @@ def test_session_backup_not_ready_is_retryable(client: Client, workspace: Path, 
     assert not (workspace / "hello.txt").exists()
     retry = client.run(resume(body, answer))  # the interrupt stayed pending
     assert retry.terminal["type"] == "RUN_FINISHED" and (workspace / "hello.txt").exists()
+
+
+def test_cancel_before_the_kernel_named_its_task(adapter: Any, workspace: Path, scripted_kernel: Any) -> None:
+    """Cancelled between admission and the kernel's first frame: the work still stops."""
+    from agui_adapter.validation import validate_run_input
+
+    from .agui_stream import check_stream, parse_sse
+
+    engine = adapter.app.engine
+    body = run_body("[SLOW]", cwd=str(workspace))
+    admission = engine.admit(validate_run_input(body), "en")
+    execution_id = admission.record.execution.execution_id
+    assert engine.cancel_execution(body["threadId"], "inv-1", execution_id) == "cancelled"
+    raw = b"".join(engine.stream(admission))
+    events = parse_sse(raw)
+    check_stream(events)
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"
+    task_id = raw.split(b'"taskId":"')[1].split(b'"')[0].decode()
+    assert any(c["params"].get("id") == task_id for c in kernel_calls(scripted_kernel, "CancelTask"))
