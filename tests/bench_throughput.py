@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,32 +46,80 @@ def start(cmd: list[str], pattern: bytes, env: dict[str, str]) -> tuple[subproce
     raise SystemExit(f"could not start {cmd}")
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_health(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not become healthy")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--deltas", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--upstream",
+        metavar="VENV",
+        help="measure upstream's `iac-code agui` from this venv instead (pip install 'iac-code[agui,a2a]==0.16.0')",
+    )
     args = parser.parse_args()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     tmp = Path(tempfile.mkdtemp(prefix="agui-bench-"))
     kernel, kernel_url = start(
         [sys.executable, "-m", "agui_adapter.kernel", "--port", "0", "--token", TOKEN], rb"READY (\S+)", env
     )
-    adapter, url = start(
-        [
-            sys.executable,
-            "run.py",
-            "--port",
-            "0",
-            "--a2a-url",
-            kernel_url,
-            "--a2a-token",
-            TOKEN,
-            "--state-dir",
-            str(tmp / "state"),
-        ],
-        rb"listening on (http://\S+/)",
-        dict(env, IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp), IAC_CODE_AGUI_LOG_LEVEL="info"),
-    )
+    if args.upstream:
+        port = free_port()
+        adapter = subprocess.Popen(
+            [
+                str(Path(args.upstream) / "bin" / "iac-code"),
+                "agui",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--a2a-url",
+                kernel_url,
+                "--state-dir",
+                str(tmp / "state"),
+            ],
+            cwd=tmp,
+            env=dict(env, IAC_CODE_AGUI_A2A_TOKEN=TOKEN, IAC_CODE_CONFIG_DIR=str(tmp / "cfg")),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}/"
+        wait_for_health(url)
+    else:
+        adapter, url = start(
+            [
+                sys.executable,
+                "run.py",
+                "--port",
+                "0",
+                "--a2a-url",
+                kernel_url,
+                "--a2a-token",
+                TOKEN,
+                "--state-dir",
+                str(tmp / "state"),
+            ],
+            rb"listening on (http://\S+/)",
+            dict(env, IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp), IAC_CODE_AGUI_LOG_LEVEL="info"),
+        )
     try:
         session = requests.Session()
         session.trust_env = False
@@ -109,7 +158,10 @@ def main() -> int:
                 f"run {i}: {events} events in {elapsed:.3f} s = {events / elapsed:,.0f} events/s; "
                 f"adapter CPU {cpu:.3f} s = {cpu / events * 1e6:.1f} us/event; {reads} reads"
             )
-        print(f"best: {max(rates):,.0f} events/s, {min(cpus):.1f} us CPU/event")
+        print(
+            f"median: {statistics.median(rates):,.0f} events/s, {statistics.median(cpus):.1f} us CPU/event; "
+            f"best: {max(rates):,.0f} events/s, {min(cpus):.1f} us CPU/event"
+        )
     finally:
         for proc in (adapter, kernel):
             proc.send_signal(signal.SIGINT)
