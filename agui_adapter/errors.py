@@ -52,3 +52,12 @@ class AguiError(Exception):
             return f"{self.code}: {self.message.format(**self.params)}"
         except (KeyError, IndexError, ValueError):
             return f"{self.code}: {self.message}"
+
+
+DETAIL_LIMIT = 300
+
+
+def clip_detail(text: str | None) -> str:
+    """A detail from elsewhere (the kernel, a schema validator) fit for a message: one line, bounded."""
+    text = " ".join((text or "").split())
+    return text if len(text) <= DETAIL_LIMIT else text[: DETAIL_LIMIT - 1] + "…"

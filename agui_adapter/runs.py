@@ -13,6 +13,7 @@ THREAD_BUSY. A client that goes away during a live run gets its kernel task canc
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -24,16 +25,14 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
-import jsonschema
-
 from . import events as ev
 from . import interrupts as intr
 from . import messages as msg
-from . import outbound
+from . import outbound, resume
 from .a2a import FrameReader, KernelClient, KernelRejected, KernelStream, KernelUnavailable, SnapshotStream
 from .config import Settings
 from .content import build_user_parts
-from .errors import AguiError
+from .errors import AguiError, clip_detail
 from .i18n import translate
 from .pipeline import PipelineProgress
 from .pump import KernelPump
@@ -44,18 +43,9 @@ from .workspace import allowed_roots, ensure_workspace, resolve_workspace
 
 log = logging.getLogger("agui_adapter.runs")
 
-DETAIL_LIMIT = 300
-
 
 def context_id_for(thread_id: str) -> str:
-    import hashlib
-
     return "agui-" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()[:40]
-
-
-def _detail(text: str | None) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= DETAIL_LIMIT else text[: DETAIL_LIMIT - 1] + "…"
 
 
 @dataclass
@@ -77,14 +67,6 @@ class Admission:
     @property
     def run_id(self) -> str:
         return self.run_input.run_id
-
-
-class _Terminal(Exception):
-    """Ends a run's stream with a RUN_ERROR (spans are closed first)."""
-
-    def __init__(self, code: str, message: str, **params: Any) -> None:
-        super().__init__(code)
-        self.code, self.message, self.params = code, message, params
 
 
 class RunEngine:
@@ -198,7 +180,7 @@ class RunEngine:
         execution = record.execution
         if mode == "turn":
             if execution.pending and not execution.terminal:
-                if _RunStream._expired(execution.pending, self.clock()) is None:
+                if resume.first_expiry(execution.pending, self.clock()) is None:
                     raise AguiError("RESUME_REQUIRED", msg.RESUME_REQUIRED)
                 # Expired interrupts no longer hold the thread: the new turn replaces them.
                 log.info("thread %s: pending interrupts expired; starting a new turn", record.thread_id)
@@ -294,13 +276,13 @@ class _RunStream:
         self.translator = RunTranslator(
             admission.thread_id,
             admission.run_id,
-            id_namespace=_short(admission.run_id) if admission.mode == "resume" else None,
+            id_namespace=_run_tag(admission.run_id) if admission.mode == "resume" else None,
             prior_text_digests=execution.text_digests if admission.mode == "resume" else (),
             pipeline=PipelineProgress.from_json(execution.pipeline) if admission.mode == "resume" else None,
         )
         # resume: answers still to send, the one whose stream is being read, tool results owed
-        self.answers: list[dict[str, Any]] = []
-        self.current_answer: dict[str, Any] | None = None
+        self.answers: list[resume.Answer] = []
+        self.current_answer: resume.Answer | None = None
         self.accepted_results: list[tuple[str, str]] = []
         self.new_inputs: list[dict[str, Any]] = []
         self.sideband_ids: set[str] = set()
@@ -327,7 +309,7 @@ class _RunStream:
             out: list[dict[str, Any]] = []
             try:
                 self._start(out)
-            except _Terminal as term:
+            except AguiError as term:
                 yield self._end_with_error(out, term)
                 return
             if out:
@@ -343,7 +325,7 @@ class _RunStream:
                 out = []
                 try:
                     done = self._consume(items, out)
-                except _Terminal as term:
+                except AguiError as term:
                     yield self._end_with_error(out, term)
                     return
                 if done is not None:
@@ -392,9 +374,9 @@ class _RunStream:
                     if final is not None:
                         return final
                 if self.adm.mode == "guidance":
-                    raise _Terminal("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
-                if self.current_answer is not None and not self.current_answer.get("accepted"):
-                    raise _Terminal("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
+                    raise AguiError("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
+                if self.current_answer is not None and not self.current_answer.accepted:
+                    raise AguiError("A2A_UNAVAILABLE", msg.RESUME_NOT_ACCEPTED)
                 if self.answers and not (self.failed or self.canceled):
                     self._send_next_answer()
                     return None
@@ -404,17 +386,17 @@ class _RunStream:
             else:  # unavailable
                 log.warning("run %s: kernel unavailable: %s", self.adm.run_id, payload)
                 self._cancel_unrecoverable()
-                raise _Terminal("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE)
+                raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE)
         return None
 
-    def _rejection(self, exc: KernelRejected) -> _Terminal:
-        if self.current_answer is not None and not self.current_answer.get("accepted"):
+    def _rejection(self, exc: KernelRejected) -> AguiError:
+        if self.current_answer is not None and not self.current_answer.accepted:
             return self._answer_rejection(exc)
         data = exc.data
         if isinstance(data, dict) and data.get("code") == "SESSION_BACKUP_NOT_READY":
-            return _Terminal("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
+            return AguiError("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
         log.warning("run %s: kernel rejected the request: %s", self.adm.run_id, exc)
-        return _Terminal("A2A_EXECUTION_FAILED", msg.A2A_REJECTED, detail=_detail(exc.detail))
+        return AguiError("A2A_EXECUTION_FAILED", msg.A2A_REJECTED, {"detail": clip_detail(exc.detail)})
 
     # ------------------------------------------------------------------ frames
     def _on_frame(self, frame: Any, ts: int, out: list[dict[str, Any]]) -> bytes | None:
@@ -427,7 +409,7 @@ class _RunStream:
         if self.adm.mode == "guidance":
             return self._on_guidance_frame(info, ts, out)
         self._check_identity(info)
-        if self.current_answer is not None and not self.current_answer.get("accepted"):
+        if self.current_answer is not None and not self.current_answer.accepted:
             self._accept(self.current_answer)
         if not self.session_emitted and self.task_id and self.session_id:
             out.append(self._session_event(ts))
@@ -442,7 +424,7 @@ class _RunStream:
             elif info.state == "canceled":
                 self.canceled = True
         if info.inputs and info.state == "input-required":
-            waiting = {a["id"] for a in self.answers}
+            waiting = {a.interrupt_id for a in self.answers}
             fresh = [i for i in info.inputs if i.get("inputId") not in waiting and not self._applied(i)]
             self.sideband_ids.update(intr.sideband_ids(info.iac))
             if fresh and not self.answers:
@@ -453,13 +435,13 @@ class _RunStream:
     def _on_guidance_frame(self, info: FrameInfo, ts: int, out: list[dict[str, Any]]) -> bytes:
         """Guidance only needs the kernel to take the message; the pipeline's own run shows the rest."""
         if info.task_id and info.task_id != self.task_id:
-            raise _Terminal("A2A_PROTOCOL_ERROR", msg.TASK_IDENTITY_CHANGED)
+            raise AguiError("A2A_PROTOCOL_ERROR", msg.TASK_IDENTITY_CHANGED)
         if info.context_id and info.context_id != self.record.context_id:
-            raise _Terminal("A2A_PROTOCOL_ERROR", msg.CONTEXT_IDENTITY_CHANGED)
+            raise AguiError("A2A_PROTOCOL_ERROR", msg.CONTEXT_IDENTITY_CHANGED)
         if info.state in ("failed", "rejected", "auth-required"):
-            raise _Terminal("A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED)
+            raise AguiError("A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED)
         if info.state == "canceled":
-            raise _Terminal("CANCELLED", msg.CANCELLED)
+            raise AguiError("CANCELLED", msg.CANCELLED)
         out.extend(self.translator.finish(ts, {"type": "success"}))
         self._settle(retire=False)
         return ev.encode_many(out)
@@ -474,14 +456,14 @@ class _RunStream:
             if self.task_id is None:
                 self.task_id = updates["task_id"] = info.task_id
             elif info.task_id != self.task_id:
-                raise _Terminal("A2A_PROTOCOL_ERROR", msg.TASK_IDENTITY_CHANGED)
+                raise AguiError("A2A_PROTOCOL_ERROR", msg.TASK_IDENTITY_CHANGED)
         if info.context_id and info.context_id != self.record.context_id:
-            raise _Terminal("A2A_PROTOCOL_ERROR", msg.CONTEXT_IDENTITY_CHANGED)
+            raise AguiError("A2A_PROTOCOL_ERROR", msg.CONTEXT_IDENTITY_CHANGED)
         if info.session_id:
             if self.session_id is None:
                 self.session_id = updates["session_id"] = info.session_id
             elif info.session_id != self.session_id:
-                raise _Terminal("A2A_PROTOCOL_ERROR", msg.SESSION_IDENTITY_CHANGED)
+                raise AguiError("A2A_PROTOCOL_ERROR", msg.SESSION_IDENTITY_CHANGED)
         if not updates:
             return
         execution_id = self.execution_id
@@ -502,7 +484,7 @@ class _RunStream:
             log.error("run %s: cannot persist the mapping: %s", self.adm.run_id, exc)
             self._cancel_and_retire()
             template = msg.MAPPING_NOT_COMMITTED if "task_id" in updates else msg.SESSION_MAPPING_NOT_COMMITTED
-            raise _Terminal("STATE_PERSISTENCE_FAILED", template) from None
+            raise AguiError("STATE_PERSISTENCE_FAILED", template) from None
         if cancelled_early and self.task_id:
             self.engine.cancel_task_quietly(self.task_id)
 
@@ -531,17 +513,19 @@ class _RunStream:
         if not self.session_emitted and self.task_id:
             out.append(self._session_event(ts))
         if self.canceled:
-            raise _Terminal("CANCELLED", msg.CANCELLED)
+            raise AguiError("CANCELLED", msg.CANCELLED)
         if self.failed or self.last_state not in ("completed", "input-required"):
             detail = self.translator.failure_detail
             if detail:
-                raise _Terminal("A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED_DETAIL, detail=_detail(detail))
-            raise _Terminal("A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED)
+                raise AguiError(
+                    "A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED_DETAIL, {"detail": clip_detail(detail)}
+                )
+            raise AguiError("A2A_EXECUTION_FAILED", msg.A2A_EXECUTION_FAILED)
         out.extend(self.translator.finish(ts, {"type": "success"}))
         self._settle(retire=True)
         return ev.encode_many(out)
 
-    def _end_with_error(self, out: list[dict[str, Any]], term: _Terminal) -> bytes:
+    def _end_with_error(self, out: list[dict[str, Any]], term: AguiError) -> bytes:
         ts = self.engine._now_ms()
         out.extend(self.translator.fail(ts, term.code, self._t(term.message, **term.params)))
         self._settle(retire=self.adm.mode != "guidance" and not self._has_pending())
@@ -685,10 +669,10 @@ class _RunStream:
                 continue
             request_task = kernel_input.get("requestTaskId")
             if request_task and request_task != task_id:
-                raise _Terminal("A2A_PROTOCOL_ERROR", msg.INTERRUPT_OTHER_TASK)
+                raise AguiError("A2A_PROTOCOL_ERROR", msg.INTERRUPT_OTHER_TASK)
             context = kernel_input.get("contextId")
             if context and context != self.record.context_id:
-                raise _Terminal("A2A_PROTOCOL_ERROR", msg.INTERRUPT_OTHER_CONTEXT)
+                raise AguiError("A2A_PROTOCOL_ERROR", msg.INTERRUPT_OTHER_CONTEXT)
             pending[input_id] = {
                 "input": intr.allowlisted(kernel_input),
                 "interrupt": intr.build_interrupt(kernel_input, expires_at=expires_at, language=self.adm.language),
@@ -717,7 +701,7 @@ class _RunStream:
         except StoreError as exc:
             log.error("run %s: cannot persist the interrupt: %s", self.adm.run_id, exc)
             self._cancel_and_retire()
-            raise _Terminal("STATE_PERSISTENCE_FAILED", msg.INTERRUPT_NOT_COMMITTED) from None
+            raise AguiError("STATE_PERSISTENCE_FAILED", msg.INTERRUPT_NOT_COMMITTED) from None
         if not self.session_emitted:
             out.append(self._session_event(ts))
         interrupts = [entry["interrupt"] for entry in record.execution.pending.values()]
@@ -728,161 +712,68 @@ class _RunStream:
     # ------------------------------------------------------------------ resume
     def _start_resume(self, out: list[dict[str, Any]]) -> None:
         """Check every answer, make sure the kernel still has the task, then send them."""
-        entries = self.adm.run_input.resume or []
         execution = self.record.execution
-        pending = {} if execution.terminal else dict(execution.pending)
-        ids = [e.interrupt_id for e in entries]
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})
-        if duplicates:
-            raise _Terminal("INCOMPLETE_RESUME", msg.RESUME_DUPLICATE_IDS, ids=", ".join(duplicates))
-        digests = {e.interrupt_id: intr.answer_digest(e.status, e.payload) for e in entries}
-        applied = {i: self.record.applied_digest(self.execution_id, i) for i in ids}
-        if not pending:
-            if entries and all(applied[i] == digests[i] for i in ids):
-                raise _Terminal("RESUME_ALREADY_APPLIED", msg.RESUME_ALREADY_APPLIED)
-            if any(applied[i] is not None for i in ids):
-                raise _Terminal("RESUME_ALREADY_APPLIED", msg.RESUME_ALREADY_APPLIED)
-            raise _Terminal("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
-        expired = self._expired(pending, self.engine.clock())
-        if expired is not None:
-            self._expire(expired)
-        unknown = sorted(i for i in ids if i not in pending and applied[i] is None)
-        if unknown:
-            raise _Terminal("UNKNOWN_INTERRUPT", msg.RESUME_UNKNOWN, ids=", ".join(unknown))
-        if any(i not in pending and applied[i] != digests[i] for i in ids):
-            raise _Terminal("RESUME_ALREADY_APPLIED", msg.RESUME_ALREADY_APPLIED)
-        missing = [i for i in pending if i not in digests]
-        if missing:
-            raise _Terminal("INCOMPLETE_RESUME", msg.RESUME_INCOMPLETE, ids=", ".join(missing))
-        answers = [
-            self._answer(e, pending[e.interrupt_id], digests[e.interrupt_id])
-            for e in entries
-            if e.interrupt_id in pending
-        ]
-        if any(a["cancel_execution"] for a in answers):
+        try:
+            answers = resume.plan(
+                self.adm.run_input.resume or [],
+                {} if execution.terminal else execution.pending,
+                lambda interrupt_id: self.record.applied_digest(self.execution_id, interrupt_id),
+                task_id=self.task_id,
+                now=self.engine.clock(),
+            )
+        except resume.Expired as exc:
             self._cancel_and_retire()
-            raise _Terminal("CANCELLED", msg.CANCELLED_BY_RESPONSE)
+            raise AguiError("EXECUTION_EXPIRED", msg.EXECUTION_EXPIRED, {"expiresAt": exc.expires_at}) from None
+        except resume.CancelExecution:
+            self._cancel_and_retire()
+            raise AguiError("CANCELLED", msg.CANCELLED_BY_RESPONSE) from None
         self._check_kernel_task()
         out.extend(self.translator.reopen_steps(self.engine._now_ms()))
         if self.translator.pipeline_seen or self.adm.run_input.props.run_mode == "pipeline":
             self._recover_pipeline(out)
-        # Sideband answers (candidate-scope permissions) go out one by one as unary calls;
-        # then the others in order, permissions first; the last one's stream continues the run.
-        sideband = [a for a in answers if a["sideband"]]
-        for answer in sideband:
+        for answer in [a for a in answers if a.sideband]:
             self._send_unary(answer)
-        rest = [a for a in answers if not a["sideband"]]
-        rest.sort(key=lambda a: 0 if a["kind"] == "permission" else 1)
-        self.answers = rest
-        if rest:
+        self.answers = [a for a in answers if not a.sideband]
+        if self.answers:
             self._send_next_answer()
-        else:
+        else:  # only sideband answers: follow the task they unblocked
             task_id = self.task_id or ""
             self._open(lambda: self.engine.kernel.follow(task_id))
-
-    def _answer(self, entry: Any, stored: dict[str, Any], digest: str) -> dict[str, Any]:
-        """Validate one answer against its interrupt and turn it into a kernel message part."""
-        kernel_input = stored.get("input", {})
-        interrupt = stored.get("interrupt", {})
-        input_id = entry.interrupt_id
-        permission = intr.is_permission(kernel_input)
-        answer: dict[str, Any] = {
-            "id": input_id,
-            "digest": digest,
-            "kind": "permission" if permission else "text",
-            "cancel_execution": False,
-            "tool_use_id": kernel_input.get("toolUseId"),
-            "sideband": bool(stored.get("sideband")) and permission,
-        }
-        payload = entry.payload
-        kind = kernel_input.get("kind")
-        if entry.status == "cancelled":
-            if kind == intr.RESOURCE_SELECTION:
-                answer["part"] = {"text": "cancel"}
-                answer["input_response"] = intr.resource_response(kernel_input, None, task_id=self.task_id)
-                return answer
-            if not permission:
-                answer["cancel_execution"] = True
-                return answer
-            payload = {"decision": "deny"}
-        elif not entry.has_payload or payload is None:
-            raise _Terminal("RESUME_PAYLOAD_INVALID", msg.RESUME_PAYLOAD_MISSING, id=input_id)
-        reason = validate_payload(interrupt.get("responseSchema") or {}, payload)
-        if reason is not None:
-            raise _Terminal("RESUME_PAYLOAD_INVALID", msg.RESUME_PAYLOAD_INVALID, id=input_id, reason=_detail(reason))
-        if permission:
-            tool_use_id = kernel_input.get("toolUseId")
-            if not isinstance(tool_use_id, str) or not tool_use_id:
-                raise _Terminal("A2A_PROTOCOL_ERROR", msg.RESUME_TASK_MISMATCH)
-            answer["part"] = outbound.permission_decision(
-                task_id=self.task_id or "",
-                input_id=input_id,
-                tool_use_id=tool_use_id,
-                decision=payload["decision"],
-            )
-        elif kind == intr.RESOURCE_SELECTION:
-            response = intr.resource_response(kernel_input, payload, task_id=self.task_id)
-            answer["part"] = {"text": str(response.get("label") or response.get("value"))}
-            answer["input_response"] = response
-        else:
-            text = intr.answer_text(kernel_input, payload)
-            if not text:
-                raise _Terminal("RESUME_PAYLOAD_INVALID", msg.RESUME_NO_ANSWER, id=input_id)
-            answer["part"] = {"text": text}
-            answer["result"] = text
-        return answer
-
-    @staticmethod
-    def _expired(pending: dict[str, dict[str, Any]], now: float | None = None) -> str | None:
-        now = time.time() if now is None else now
-        for entry in pending.values():
-            expires_at = entry.get("interrupt", {}).get("expiresAt")
-            if isinstance(expires_at, str):
-                try:
-                    if intr.parse_rfc3339(expires_at) <= now:
-                        return expires_at
-                except ValueError:
-                    continue
-        return None
-
-    def _expire(self, expires_at: str) -> None:
-        self._cancel_and_retire()
-        raise _Terminal("EXECUTION_EXPIRED", msg.EXECUTION_EXPIRED, expiresAt=expires_at)
 
     def _check_kernel_task(self) -> None:
         """The kernel must still have the session and the task the interrupts belong to."""
         kernel = self.engine.kernel
         if not self.task_id:
-            raise _Terminal("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
+            raise AguiError("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
         try:
             if self.session_id:
                 status, body = kernel.ensure_restored(self.record.cwd, self.session_id, self.task_id)
                 error = body.get("error") if isinstance(body, dict) else None
                 if status == 409 and isinstance(error, dict) and error.get("code") == "SESSION_BACKUP_NOT_READY":
-                    raise _Terminal("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
+                    raise AguiError("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
                 if status == 404:
-                    raise _Terminal("EXECUTION_LOST", msg.RESUME_SESSION_UNAVAILABLE)
+                    raise AguiError("EXECUTION_LOST", msg.RESUME_SESSION_UNAVAILABLE)
                 if status >= 400:
                     log.warning("ensure-restored answered HTTP %s", status)
-                    raise _Terminal("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE)
+                    raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE)
             task = kernel.get_task(self.task_id)
         except KernelRejected as exc:
             if exc.rpc_code == -32001:
-                raise _Terminal("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE) from None
-            raise _Terminal("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
+                raise AguiError("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE) from None
+            raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
         except KernelUnavailable as exc:
             log.warning("run %s: kernel unavailable before resume: %s", self.adm.run_id, exc)
-            raise _Terminal("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
+            raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
         info = inspect_frame({"result": task})
         if info.task_id != self.task_id or (info.context_id and info.context_id != self.record.context_id):
-            raise _Terminal("A2A_PROTOCOL_ERROR", msg.RESUME_TASK_MISMATCH)
+            raise AguiError("A2A_PROTOCOL_ERROR", msg.RESUME_TASK_MISMATCH)
         if info.session_id and self.session_id and info.session_id != self.session_id:
-            raise _Terminal("A2A_PROTOCOL_ERROR", msg.SESSION_IDENTITY_CHANGED)
+            raise AguiError("A2A_PROTOCOL_ERROR", msg.SESSION_IDENTITY_CHANGED)
         if info.state in ("canceled", "failed", "rejected", "completed"):
             self._cancel_and_retire()
-            raise _Terminal("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
+            raise AguiError("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
 
-    def _send_unary(self, answer: dict[str, Any]) -> None:
+    def _send_unary(self, answer: resume.Answer) -> None:
         """A sideband answer: accepted when the unary call returns."""
         try:
             self.engine.kernel.send_message(self._answer_message(answer))
@@ -890,25 +781,25 @@ class _RunStream:
             raise self._answer_rejection(exc) from None
         except KernelUnavailable as exc:
             log.warning("run %s: kernel unavailable for an answer: %s", self.adm.run_id, exc)
-            raise _Terminal("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
+            raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
         self._accept(answer)
 
-    def _answer_rejection(self, exc: KernelRejected) -> _Terminal:
+    def _answer_rejection(self, exc: KernelRejected) -> AguiError:
         data = exc.data
         if isinstance(data, dict) and data.get("code") == "SESSION_BACKUP_NOT_READY":
-            return _Terminal("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
+            return AguiError("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
         log.warning("run %s: the kernel rejected an answer: %s", self.adm.run_id, exc)
-        return _Terminal("A2A_UNAVAILABLE", msg.RESUME_REJECTED)
+        return AguiError("A2A_UNAVAILABLE", msg.RESUME_REJECTED)
 
-    def _answer_message(self, answer: dict[str, Any]) -> dict[str, Any]:
+    def _answer_message(self, answer: resume.Answer) -> dict[str, Any]:
         adm = self.adm
         metadata = outbound.turn_metadata(adm.run_input.props, self.record.cwd, adm.language)
-        if answer.get("input_response"):
-            metadata["inputResponse"] = answer["input_response"]
+        if answer.input_response:
+            metadata["inputResponse"] = answer.input_response
         return outbound.user_turn(
-            message_id=f"agui-resume-{_short(adm.run_id)}-{answer['id']}",
+            message_id=f"agui-resume-{_run_tag(adm.run_id)}-{answer.interrupt_id}",
             context_id=self.record.context_id,
-            parts=[answer["part"]],
+            parts=[answer.part],
             metadata=metadata,
             task_id=self.task_id,
         )
@@ -919,10 +810,10 @@ class _RunStream:
         message = self._answer_message(answer)
         self._open(lambda: self.engine.kernel.send_streaming_message(message))
 
-    def _accept(self, answer: dict[str, Any]) -> None:
+    def _accept(self, answer: resume.Answer) -> None:
         """The kernel took the answer: only now does it leave the durable pending state."""
-        answer["accepted"] = True
-        execution_id, input_id, digest = self.execution_id, answer["id"], answer["digest"]
+        answer.accepted = True
+        execution_id, input_id, digest = self.execution_id, answer.interrupt_id, answer.digest
 
         def commit(record: ThreadRecord) -> None:
             if record.execution.execution_id == execution_id:
@@ -934,14 +825,13 @@ class _RunStream:
         except StoreError as exc:
             log.error("run %s: cannot commit an accepted answer: %s", self.adm.run_id, exc)
             self._cancel_and_retire()
-            raise _Terminal("STATE_PERSISTENCE_FAILED", msg.ANSWER_NOT_COMMITTED) from None
-        if answer.get("result") and isinstance(answer.get("tool_use_id"), str):
-            self.accepted_results.append((answer["tool_use_id"], answer["result"]))
+            raise AguiError("STATE_PERSISTENCE_FAILED", msg.ANSWER_NOT_COMMITTED) from None
+        if answer.result and answer.tool_use_id:
+            self.accepted_results.append((answer.tool_use_id, answer.result))
 
 
-def _short(run_id: str) -> str:
-    import hashlib
-
+def _run_tag(run_id: str) -> str:
+    """A short stable tag of a run id, for ids the run mints."""
     return hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:8]
 
 
@@ -967,10 +857,3 @@ class _StreamBody:
             if self._run.adm.run_lock is not None:
                 self._run.adm.run_lock.release()
         self._body.close()
-
-
-def validate_payload(schema: dict[str, Any], payload: Any) -> str | None:
-    """None when ``payload`` satisfies ``schema``, else a short English reason."""
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(payload))
-    return None if error is None else error.message
