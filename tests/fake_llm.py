@@ -13,7 +13,8 @@ kernel sends, using markers in the latest user message:
 ``[WRITE]``     a streamed ``write_file`` tool call (path ``hello.txt``); the kernel asks for
                 permission before running it.
 ``[THINK]``     ``reasoning_content`` deltas, then the default text.
-``[SLOW]``      one text chunk per ``slow_interval`` seconds, ``slow_chunks`` times
+``[SLOW]``      one text chunk per ``slow_interval`` seconds, ``slow_chunks`` times (with
+                ``[WRITE]``: the write_file call, each chunk ``slow_interval`` apart)
                 (defaults 1.0 s x 10; env ``FAKE_LLM_SLOW_INTERVAL`` / ``FAKE_LLM_SLOW_CHUNKS``).
 ``[RECALL]``    "I have seen N user messages." (N = user messages in the request).
 ``[IMAGE]``     "I see N image(s)." (N = image content parts in the request).
@@ -175,7 +176,9 @@ class Script:
                 "write_file",
                 {"path": WRITE_PATH, "content": WRITE_CONTENT},
             )
-            return Reply("write", deltas, finish_reason="tool_calls")
+            # with [SLOW] too, every chunk waits slow_interval: time to act before the permission wait
+            delay = self.slow_interval if "[SLOW]" in last_user else 0.0
+            return Reply("write", deltas, finish_reason="tool_calls", delay=delay)
         if "[THINK]" in last_user:
             deltas = [
                 {"reasoning_content": "Let me think"},

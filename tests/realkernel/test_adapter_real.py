@@ -715,3 +715,61 @@ def test_pipeline_question_answered_by_option_runs_to_its_end(
     require_official_client()
     verdict = check_streams([first.raw, second.raw], resume_payload={"selectedId": option["id"]})
     assert verdict.ok, verdict.output
+
+
+def test_two_adapter_processes_race_for_one_thread(
+    adapters: Adapters, adapter: AdapterProcess, real_kernel: RealKernel, ws: Path, tag: str
+) -> None:
+    other = adapters.start()  # a second process on the same state directory
+    thread = thread_id("two-procs")
+    barrier = threading.Barrier(4)
+    outcomes: list[Any] = []
+    lock = threading.Lock()
+
+    def go(url: str, i: int) -> None:
+        body = run_body(f"[SLOW] {i} {tag}", thread_id=thread, cwd=str(ws), ros="inv-procs")
+        barrier.wait()
+        live = LiveStream(Client(url), body)
+        with lock:
+            outcomes.append((live.status, live))
+
+    threads = [threading.Thread(target=go, args=(u, i)) for i, u in enumerate([adapter.url, other.url] * 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(status for status, _ in outcomes) == [200, 409, 409, 409]
+    for status, live in outcomes:
+        if status == 409:
+            assert live.response.json()["error"]["code"] == "THREAD_BUSY"
+            live.response.close()
+    [winner] = [live for status, live in outcomes if status == 200]
+    session = winner.session()
+    stop = Client(adapter.url).cancel(session["executionId"], {"threadId": thread, "rosInvocationId": "inv-procs"})
+    assert stop.json()["status"] == "cancelled"  # either process can cancel it: the state is shared
+    assert winner.finish()[-1]["code"] == "CANCELLED"
+
+
+def test_read_only_state_dir_fails_closed(
+    adapters: Adapters, client: Client, real_kernel: RealKernel, ws: Path, tag: str
+) -> None:
+    import subprocess
+
+    threads_dir = adapters.state_dir / "threads"
+    live = LiveStream(client, run_body(f"[WRITE] [SLOW] {tag}", thread_id=thread_id("ro"), cwd=str(ws)))
+    session = live.session()  # task and session ids are on disk; the permission wait is seconds away
+    if subprocess.run(["chattr", "+i", str(threads_dir)], capture_output=True).returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chattr +i is needed for this test")
+        pytest.skip("chattr +i is not available here")
+    try:
+        events = live.finish()
+    finally:
+        subprocess.run(["chattr", "-i", str(threads_dir)], check=True)
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "STATE_PERSISTENCE_FAILED"
+    assert not [e for e in events if e["type"] == "RUN_FINISHED"]
+    deadline = time.monotonic() + 15
+    while get_task(real_kernel, session["taskId"])["status"]["state"] != "TASK_STATE_CANCELED":
+        assert time.monotonic() < deadline, "the kernel task was not cancelled"
+        time.sleep(0.2)
+    assert not (ws / "hello.txt").exists()
