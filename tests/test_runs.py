@@ -336,3 +336,43 @@ def test_a_body_closed_before_its_first_write_frees_the_thread(adapter: Any, wor
     engine.stream(admission).close()  # what a WSGI server does when the client is already gone
     again = adapter.client().run(run_body(thread_id="thread-never-iterated", cwd=str(workspace)))
     assert again.status == 200, again.error
+
+
+def test_kernel_dies_mid_stream(tmp_path: Path, workspace: Path) -> None:
+    from agui_adapter.config import Settings
+    from agui_adapter.kernel.scripted import ScriptedKernel
+    from agui_adapter.kernels import KernelProcess
+
+    from .conftest import InProcessAdapter
+
+    kernel = ScriptedKernel("t", delay_scale=0.05)
+    kernel.start()
+    adapter = InProcessAdapter(
+        Settings(state_dir=str(tmp_path / "s"), allowed_cwds=str(tmp_path), heartbeat_seconds=0.2),
+        KernelProcess(kernel.url, "t", "scripted"),
+    )
+    try:
+        body = run_body("[SLOW]", cwd=str(workspace))
+        with requests.post(
+            adapter.url, json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30
+        ) as r:
+            raw = b""
+            chunks = r.iter_content(None)
+            for chunk in chunks:
+                raw += chunk
+                if b"TEXT_MESSAGE_CONTENT" in raw:
+                    break
+            kernel.stop()
+            for chunk in chunks:
+                raw += chunk
+        events = parse_sse(raw)
+        check_stream(events)  # every span closed, one terminal event
+        assert events[-1]["type"] == "RUN_ERROR"
+        assert events[-1]["code"] in ("A2A_UNAVAILABLE", "A2A_EXECUTION_FAILED")
+        # and the thread is not left busy
+        again = adapter.client().run(run_body(thread_id=body["threadId"], cwd=str(workspace)))
+        assert again.status == 200 and again.terminal["type"] == "RUN_ERROR"  # the kernel is gone
+        assert again.terminal["code"] == "A2A_UNAVAILABLE"
+    finally:
+        adapter.stop()
+        kernel.stop()
