@@ -237,3 +237,36 @@ def test_secrets_stay_out_of_debug_logs(adapter_process: Any, workspace: Path) -
     for secret in ("sk-DEBUG-SECRET-1", "AKS-DEBUG-2", "STS-DEBUG-3", "bearer-SECRET-42", "not-the-token"):
         assert secret.encode() not in process.log, secret
     assert b"run " in process.log  # the log is really there
+
+
+def test_cancel_endpoint_edge_errors(make_adapter: Any) -> None:
+    adapter = make_adapter(auth_token="tok-cancel")
+    url = adapter.url + "extensions/iac-code/v1/executions/e-1/cancel"
+    auth = {"Authorization": "Bearer tok-cancel"}
+    response = requests.post(url, json={"threadId": "t", "rosInvocationId": "r"}, timeout=5)
+    assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHORIZED"
+    response = requests.post(url, data="x", headers={**auth, "Content-Type": "text/plain"}, timeout=5)
+    assert response.status_code == 415
+    response = requests.post(
+        url, data=b"{" + b" " * 70000 + b"}", headers={**auth, "Content-Type": "application/json"}, timeout=5
+    )
+    assert response.status_code == 413 and response.json()["error"]["code"] == "REQUEST_TOO_LARGE"
+    response = requests.post(url, data=b"{no", headers={**auth, "Content-Type": "application/json"}, timeout=5)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_JSON"
+    response = requests.post(url, json=[1], headers=auth, timeout=5)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_INPUT"
+    response = requests.post(url, json={"threadId": "t", "rosInvocationId": ""}, headers=auth, timeout=5)
+    assert response.status_code == 400 and "rosInvocationId" in response.json()["error"]["message"]
+    response = requests.post(url, json={"threadId": "t", "rosInvocationId": "r"}, headers=auth, timeout=5)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "EXECUTION_NOT_FOUND"
+
+
+def test_run_errors_are_in_the_request_language(client: Client, workspace: Path) -> None:
+    result = client.run(run_body("[FAIL]", cwd=str(workspace), preferredLanguage="zh-CN"))
+    error = result.terminal
+    assert error["type"] == "RUN_ERROR" and error["code"] == "A2A_EXECUTION_FAILED"
+    expected = client_translate("zh", "The A2A execution failed: {detail}").split("{detail}")[0]
+    assert error["message"].startswith(expected)
+    result = client.run(run_body("[FAIL]", cwd=str(workspace)), headers={"Accept-Language": "fr-FR, en;q=0.5"})
+    expected = client_translate("fr", "The A2A execution failed: {detail}").split("{detail}")[0]
+    assert result.terminal["message"].startswith(expected)
