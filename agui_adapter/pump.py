@@ -18,22 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .a2a import FrameReader, KernelRejected, KernelStream, KernelUnavailable, SnapshotStream
+from .translate import inspect_frame
 
 log = logging.getLogger("agui_adapter.pump")
 
 Item = tuple[str, Any]  # ("bytes", chunk) | ("end", None) | ("rejected", exc) | ("unavailable", exc)
-
-
-def _task_id(frame: Any) -> str | None:
-    result = frame.get("result") if isinstance(frame, dict) else None
-    if not isinstance(result, dict):
-        return None
-    for kind in ("task", "statusUpdate", "artifactUpdate"):
-        body = result.get(kind)
-        if isinstance(body, dict):
-            value = body.get("id") if kind == "task" else body.get("taskId")
-            return value if isinstance(value, str) and value else None
-    return None
 
 
 class KernelPump(threading.Thread):
@@ -76,7 +65,7 @@ class KernelPump(threading.Thread):
             for chunk in stream.chunks():
                 if reader is not None:  # only until the task id is known
                     for frame in reader.feed(chunk):
-                        task_id = _task_id(frame)
+                        task_id = inspect_frame(frame).task_id
                         if task_id:
                             self.task_id, reader = task_id, None
                             break
