@@ -231,7 +231,7 @@ def test_heartbeat_while_the_kernel_is_silent(make_adapter: Any, workspace: Path
                 stamps.append(time.monotonic() - started)
     assert len(stamps) >= 4, stamps
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    assert all(0.2 < g < 0.9 for g in gaps), gaps
+    assert all(0.15 < g < 1.2 for g in gaps), gaps  # every ~0.3 s, with room for a loaded CI machine
     events = parse_sse(raw)
     check_stream(events)
     assert events[-1]["type"] == "RUN_FINISHED"
