@@ -247,3 +247,27 @@ def test_pipeline_capture_maps_steps_text_tools_and_customs() -> None:
     sequences = [e["value"]["sequence"] for e in recovered if e["type"] == "CUSTOM"]
     assert sequences == [19]  # nothing delivered twice, nothing lost
     assert progress.high_water == 24
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_frame_reader_with_and_without_the_speedups(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agui_adapter import a2a
+
+    if not fast:
+        monkeypatch.setattr(a2a, "_decode_batch", json.loads)
+    raw = (DATA / "02-permission.sse.txt").read_bytes()
+    reader = a2a.FrameReader()
+    frames = reader.feed(raw[:1000]) + reader.feed(raw[1000:]) + reader.close()
+    assert frames == frames_from_stdlib(raw)
+    # a malformed frame is reported as an error frame; its neighbours survive
+    broken = b'data: {"result":{}}\n\ndata: {oops\n\ndata: {"result":{"x":1}}\n\n'
+    assert a2a.FrameReader().feed(broken) == [
+        {"result": {}},
+        {"error": {"code": -32700, "message": "Malformed frame from the kernel."}},
+        {"result": {"x": 1}},
+    ]
+
+
+def frames_from_stdlib(raw: bytes) -> list[Any]:
+    decoder = SSEDecoder()
+    return [json.loads(p) for p in decoder.feed(raw) + decoder.close()]
