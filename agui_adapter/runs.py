@@ -389,13 +389,15 @@ class _RunStream:
                 raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE)
         return None
 
-    def _rejection(self, exc: KernelRejected) -> AguiError:
-        if self.current_answer is not None and not self.current_answer.accepted:
-            return self._answer_rejection(exc)
+    def _rejection(self, exc: KernelRejected, *, answering: bool = False) -> AguiError:
+        """The RUN_ERROR for a JSON-RPC error: a retryable backup wait, a refused answer
+        (the interrupt stays pending), or a refused request."""
         data = exc.data
         if isinstance(data, dict) and data.get("code") == "SESSION_BACKUP_NOT_READY":
             return AguiError("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
-        log.warning("run %s: kernel rejected the request: %s", self.adm.run_id, exc)
+        log.warning("run %s: the kernel rejected the request: %s", self.adm.run_id, exc)
+        if answering or (self.current_answer is not None and not self.current_answer.accepted):
+            return AguiError("A2A_UNAVAILABLE", msg.RESUME_REJECTED)
         return AguiError("A2A_EXECUTION_FAILED", msg.A2A_REJECTED, {"detail": clip_detail(exc.detail)})
 
     # ------------------------------------------------------------------ frames
@@ -778,18 +780,11 @@ class _RunStream:
         try:
             self.engine.kernel.send_message(self._answer_message(answer))
         except KernelRejected as exc:
-            raise self._answer_rejection(exc) from None
+            raise self._rejection(exc, answering=True) from None
         except KernelUnavailable as exc:
             log.warning("run %s: kernel unavailable for an answer: %s", self.adm.run_id, exc)
             raise AguiError("A2A_UNAVAILABLE", msg.A2A_UNAVAILABLE) from None
         self._accept(answer)
-
-    def _answer_rejection(self, exc: KernelRejected) -> AguiError:
-        data = exc.data
-        if isinstance(data, dict) and data.get("code") == "SESSION_BACKUP_NOT_READY":
-            return AguiError("SESSION_BACKUP_NOT_READY", msg.SESSION_BACKUP_NOT_READY)
-        log.warning("run %s: the kernel rejected an answer: %s", self.adm.run_id, exc)
-        return AguiError("A2A_UNAVAILABLE", msg.RESUME_REJECTED)
 
     def _answer_message(self, answer: resume.Answer) -> dict[str, Any]:
         adm = self.adm
