@@ -49,16 +49,25 @@ def normalize_language(value: object, fallback: str | None = None) -> str | None
     return fallback
 
 
-def _quality(params: Sequence[str]) -> float:
-    """The q-value of one Accept-Language item (1.0 if absent, 0.0 if unparsable)."""
-    for param in params:
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "q":
-            try:
-                return float(value.strip())
-            except ValueError:
-                return 0.0
-    return 1.0
+def weighted_items(header: str) -> list[tuple[str, float]]:
+    """The items of an HTTP list header with their q-values (``Accept``, ``Accept-Language``).
+
+    q is 1.0 when absent and 0.0 when unparsable; the first ``q`` parameter counts.
+    """
+    items = []
+    for item in header.split(","):
+        value, *params = [piece.strip() for piece in item.split(";")]
+        q = 1.0
+        for param in params:
+            name, _, raw = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(raw.strip())
+                except ValueError:
+                    q = 0.0
+                break
+        items.append((value, q))
+    return items
 
 
 def parse_accept_language(header: str | None, default: str) -> str:
@@ -72,10 +81,7 @@ def parse_accept_language(header: str | None, default: str) -> str:
         return default
     best: str | None = None
     best_q = 0.0
-    for item in header.split(","):
-        pieces = [piece.strip() for piece in item.split(";")]
-        tag, params = pieces[0], pieces[1:]
-        q = _quality(params)
+    for tag, q in weighted_items(header):
         if not math.isfinite(q) or q <= 0 or q > 1:
             continue
         language = default if tag == "*" else normalize_language(tag)

@@ -25,7 +25,7 @@ from . import PROTOCOL_VERSION, __version__
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError
-from .i18n import negotiate_language, translate
+from .i18n import negotiate_language, translate, weighted_items
 from .runs import RunEngine
 from .validation import preferred_language_hint, validate_run_input
 
@@ -148,16 +148,7 @@ class AguiApp:
         accept = environ.get("HTTP_ACCEPT", "").strip()
         if not accept:
             return
-        for item in accept.split(","):
-            media, *params = [p.strip() for p in item.split(";")]
-            q = 1.0
-            for param in params:
-                name, _, value = param.partition("=")
-                if name.strip().lower() == "q":
-                    try:
-                        q = float(value)
-                    except ValueError:
-                        q = 0.0
+        for media, q in weighted_items(accept):
             if q > 0 and media.lower() in ("text/event-stream", "text/*", "*/*"):
                 return
         raise AguiError("NOT_ACCEPTABLE", msg.NOT_ACCEPTABLE)
