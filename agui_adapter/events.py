@@ -41,7 +41,7 @@ _dumps = _make_dumps()
 
 def encode(event: Event) -> bytes:
     """One SSE frame for one event."""
-    return ("data: " + _dumps(event) + "\n\n").encode("utf-8", "replace")
+    return encode_many([event])
 
 
 def encode_many(events: list[Event]) -> bytes:
