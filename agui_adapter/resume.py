@@ -20,6 +20,7 @@ from . import interrupts as intr
 from . import messages as msg
 from . import outbound
 from .errors import AguiError, clip_detail
+from .record import PendingInterrupt
 from .validation import ResumeEntry
 
 
@@ -50,11 +51,11 @@ class Expired(Exception):
         self.expires_at = expires_at
 
 
-def first_expiry(pending: Mapping[str, Mapping[str, Any]], now: float) -> str | None:
+def first_expiry(pending: Mapping[str, PendingInterrupt], now: float) -> str | None:
     """The ``expiresAt`` of a pending interrupt that has passed, if any."""
     for entry in pending.values():
-        expires_at = entry.get("interrupt", {}).get("expiresAt")
-        if isinstance(expires_at, str):
+        expires_at = entry.expires_at
+        if expires_at is not None:
             try:
                 if intr.parse_rfc3339(expires_at) <= now:
                     return expires_at
@@ -71,7 +72,7 @@ def payload_error(schema: dict[str, Any], payload: Any) -> str | None:
 
 def plan(
     entries: Sequence[ResumeEntry],
-    pending: Mapping[str, Mapping[str, Any]],
+    pending: Mapping[str, PendingInterrupt],
     applied_digest: Callable[[str], str | None],
     *,
     task_id: str | None,
@@ -109,10 +110,10 @@ def plan(
     return sorted(answers, key=lambda a: (not a.sideband, a.kind != "permission"))
 
 
-def answer_for(entry: ResumeEntry, stored: Mapping[str, Any], digest: str, *, task_id: str | None) -> Answer:
+def answer_for(entry: ResumeEntry, stored: PendingInterrupt, digest: str, *, task_id: str | None) -> Answer:
     """Validate one answer against its interrupt and build the kernel message part."""
-    kernel_input = stored.get("input", {})
-    interrupt = stored.get("interrupt", {})
+    kernel_input = stored.input
+    interrupt = stored.interrupt
     input_id = entry.interrupt_id
     kind = kernel_input.get("kind")
     permission = intr.is_permission(kernel_input)
@@ -122,7 +123,7 @@ def answer_for(entry: ResumeEntry, stored: Mapping[str, Any], digest: str, *, ta
         digest,
         "permission" if permission else "resource" if kind == intr.RESOURCE_SELECTION else "text",
         tool_use_id=tool_use_id,
-        sideband=bool(stored.get("sideband")) and permission,
+        sideband=stored.sideband and permission,
     )
     payload = entry.payload
     if entry.status == "cancelled":

@@ -1,10 +1,9 @@
 """Durable per-thread state: one small JSON file per AG-UI thread.
 
-``<state-dir>/threads/<key>.json`` holds the thread's binding (contextId, cwd, userId,
-iac-code session), its current execution (taskId, pending interrupts, pipeline
-progress) and bounded idempotency records. Files are read lazily, on the first
-request that names the thread, and replaced atomically (temp file, fsync, rename,
-directory fsync); they are 0600 in 0700 directories and never hold a secret.
+``<state-dir>/threads/<key>.json`` holds the thread's ``ThreadRecord`` (see ``record``).
+Files are read lazily, on the first request that names the thread, and replaced
+atomically (temp file, fsync, rename, directory fsync); they are 0600 in 0700
+directories and never hold a secret.
 
 Two kinds of lock, both OS file locks so that they hold across processes sharing
 the directory (gunicorn workers) and vanish with a crashed process:
@@ -26,15 +25,20 @@ import re
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-SCHEMA_VERSION = 1
-MAX_RUN_DIGESTS = 1000
-MAX_APPLIED_ANSWERS = 500
-MAX_TERMINAL_EXECUTIONS = 200
+from .record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
+
+__all__ = [
+    "Execution",
+    "RunLock",
+    "StaleExecution",
+    "StoreError",
+    "ThreadRecord",
+    "ThreadStore",
+    "thread_key",
+]
 
 _SAFE_KEY = re.compile(r"^[a-z0-9_.-]{1,100}$")
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
@@ -56,134 +60,6 @@ def thread_key(thread_id: str) -> str:
     if len(hex_id) <= 200:
         return f"aguiid~{hex_id}"
     return "aguihash~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
-
-
-@dataclass
-class Execution:
-    """One execution: an initial run plus the resumes of its interrupts."""
-
-    execution_id: str
-    ros_invocation_id: str
-    task_id: str | None = None
-    terminal: bool = False
-    # inputId -> {"input": allowlisted kernel input, "interrupt": AG-UI interrupt, "sideband": bool}
-    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # PipelineProgress.to_json(): delivered journal sequences and open business steps
-    pipeline: dict[str, Any] = field(default_factory=dict)
-    text_digests: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ThreadRecord:
-    """Everything the adapter must remember about one AG-UI thread."""
-
-    thread_id: str
-    context_id: str
-    cwd: str
-    user_id: str | None
-    execution: Execution
-    session_id: str | None = None
-    run_digests: dict[str, str] = field(default_factory=dict)
-    applied_answers: list[dict[str, str]] = field(default_factory=list)
-    # executionId -> rosInvocationId of executions that ended (bounded, oldest first)
-    terminal_executions: dict[str, str] = field(default_factory=dict)
-
-    def remember_run(self, run_id: str, digest: str) -> None:
-        self.run_digests[run_id] = digest
-        while len(self.run_digests) > MAX_RUN_DIGESTS:
-            del self.run_digests[next(iter(self.run_digests))]
-
-    def retire_execution(self) -> None:
-        """Mark the current execution ended (its cancel answers already_terminal)."""
-        execution = self.execution
-        execution.terminal = True
-        execution.pending.clear()
-        self.terminal_executions[execution.execution_id] = execution.ros_invocation_id
-        while len(self.terminal_executions) > MAX_TERMINAL_EXECUTIONS:
-            del self.terminal_executions[next(iter(self.terminal_executions))]
-
-    def remember_answer(self, execution_id: str, interrupt_id: str, digest: str) -> None:
-        self.applied_answers = [
-            a
-            for a in self.applied_answers
-            if not (a["executionId"] == execution_id and a["interruptId"] == interrupt_id)
-        ]
-        self.applied_answers.append({"executionId": execution_id, "interruptId": interrupt_id, "digest": digest})
-        del self.applied_answers[:-MAX_APPLIED_ANSWERS]
-
-    def applied_digest(self, execution_id: str, interrupt_id: str) -> str | None:
-        for answer in self.applied_answers:
-            if answer["executionId"] == execution_id and answer["interruptId"] == interrupt_id:
-                return answer["digest"]
-        return None
-
-    # --- (de)serialisation --------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schemaVersion": SCHEMA_VERSION,
-            "threadId": self.thread_id,
-            "contextId": self.context_id,
-            "cwd": self.cwd,
-            "userId": self.user_id,
-            "iacCodeSessionId": self.session_id,
-            "execution": _camel(asdict(self.execution)),
-            "runDigests": self.run_digests,
-            "appliedAnswers": self.applied_answers,
-            "terminalExecutions": self.terminal_executions,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, thread_id: str) -> ThreadRecord:
-        try:
-            if not isinstance(data, dict) or data.get("schemaVersion") != SCHEMA_VERSION:
-                raise StoreError("unsupported state file")
-            if data.get("threadId") != thread_id:
-                raise StoreError("state file belongs to another thread")
-            ex = data["execution"]
-            execution = Execution(
-                execution_id=_req_str(ex["executionId"]),
-                ros_invocation_id=_req_str(ex["rosInvocationId"]),
-                task_id=_opt_str(ex.get("taskId")),
-                terminal=bool(ex.get("terminal", False)),
-                pending=dict(ex.get("pending") or {}),
-                pipeline=dict(ex.get("pipeline") or {}),
-                text_digests=[str(s) for s in ex.get("textDigests") or []],
-            )
-            return cls(
-                thread_id=thread_id,
-                context_id=_req_str(data["contextId"]),
-                cwd=_req_str(data["cwd"]),
-                user_id=_opt_str(data.get("userId")),
-                session_id=_opt_str(data.get("iacCodeSessionId")),
-                execution=execution,
-                run_digests={str(k): str(v) for k, v in (data.get("runDigests") or {}).items()},
-                applied_answers=[dict(a) for a in data.get("appliedAnswers") or []],
-                terminal_executions={str(k): str(v) for k, v in (data.get("terminalExecutions") or {}).items()},
-            )
-        except StoreError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StoreError(f"malformed state file: {exc.__class__.__name__}") from exc
-
-
-def _camel(values: dict[str, Any]) -> dict[str, Any]:
-    def camel(name: str) -> str:
-        head, *rest = name.split("_")
-        return head + "".join(part.title() for part in rest)
-
-    return {camel(k): v for k, v in values.items()}
-
-
-def _req_str(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise StoreError("missing required field")
-    return value
-
-
-def _opt_str(value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise StoreError("bad optional field")
-    return value
 
 
 class RunLock:
@@ -281,7 +157,10 @@ class ThreadStore:
             data = json.loads(raw)
         except ValueError as exc:
             raise StoreError("the thread state is not valid JSON") from exc
-        return ThreadRecord.from_json(data, thread_id)
+        try:
+            return ThreadRecord.from_json(data, thread_id)
+        except RecordError as exc:
+            raise StoreError(str(exc)) from exc
 
     def save(self, record: ThreadRecord) -> None:
         self._ensure_dirs()
@@ -312,12 +191,14 @@ class ThreadStore:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp_name)
 
-    def update(self, thread_id: str, mutate: Callable[[ThreadRecord], None]) -> ThreadRecord | None:
-        """Read-modify-write under the record lock; None when the thread is unknown."""
+    def update(self, thread_id: str, mutation: Mutation) -> ThreadRecord | None:
+        """Read-modify-write under the record lock; None when the thread is unknown.
+
+        ``StaleExecution`` from the mutation propagates, and nothing is written."""
         with self.locked(thread_id):
             record = self.load(thread_id)
             if record is None:
                 return None
-            mutate(record)
+            mutation.apply(record)
             self.save(record)
             return record

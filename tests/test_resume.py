@@ -9,6 +9,7 @@ import pytest
 from agui_adapter import interrupts as intr
 from agui_adapter import resume
 from agui_adapter.errors import AguiError
+from agui_adapter.record import PendingInterrupt
 from agui_adapter.validation import ResumeEntry
 
 PERMISSION = {"kind": "permission", "inputId": "p1", "toolUseId": "call-1", "required": True}
@@ -23,13 +24,15 @@ QUESTION = {
 SIDEBAND = {"kind": "permission", "inputId": "s1", "toolUseId": "call-3", "scope": "candidate", "required": True}
 
 
-def pending(*inputs: dict[str, Any], expires_at: str = "2999-01-01T00:00:00Z", sideband: bool = False) -> dict:
+def pending(
+    *inputs: dict[str, Any], expires_at: str = "2999-01-01T00:00:00Z", sideband: bool = False
+) -> dict[str, PendingInterrupt]:
     return {
-        i["inputId"]: {
-            "input": i,
-            "interrupt": intr.build_interrupt(i, expires_at=expires_at, language="en"),
-            "sideband": sideband or i.get("scope") == "candidate",
-        }
+        i["inputId"]: PendingInterrupt(
+            i,
+            intr.build_interrupt(i, expires_at=expires_at, language="en"),
+            sideband or i.get("scope") == "candidate",
+        )
         for i in inputs
     }
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agui_adapter.record import PendingInterrupt
 from agui_adapter.store import Execution, StoreError, ThreadRecord, ThreadStore, thread_key
 
 from .conftest import Client, run_body
@@ -43,7 +44,7 @@ def test_round_trip_and_modes(tmp_path: Path) -> None:
     store = ThreadStore(tmp_path / "state")
     rec = record()
     rec.remember_run("run-1", "d" * 64)
-    rec.execution.pending["p1"] = {"input": {"inputId": "p1"}, "interrupt": {"id": "p1"}}
+    rec.execution.pending["p1"] = PendingInterrupt({"inputId": "p1"}, {"id": "p1"})
     store.save(rec)
     loaded = store.load("t-1")
     assert loaded == rec
