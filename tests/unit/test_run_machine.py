@@ -1,0 +1,519 @@
+"""The run machine, fed recorded kernel frames: no sockets, no threads, no clock.
+
+A small bench plays the driver: it applies the machine's store mutations to an
+in-memory record, answers its kernel requests from a script, and keeps every effect,
+so each test can check both what the client sees and the order of things (persist
+before announcing, release before the final event, spans closed before RUN_ERROR).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agui_adapter import interrupts as intr
+from agui_adapter.a2a import KernelRejected
+from agui_adapter.errors import Code
+from agui_adapter.record import (
+    AcceptAnswer,
+    CommitInterrupts,
+    Execution,
+    PendingInterrupt,
+    RecordIds,
+    RetireExecution,
+    StaleExecution,
+    ThreadRecord,
+)
+from agui_adapter.run_effects import (
+    CancelTask,
+    CancelWhenKnown,
+    Effect,
+    Emit,
+    FetchPipelineState,
+    Finish,
+    Follow,
+    GetTask,
+    KernelAnswer,
+    KernelDown,
+    KernelRefused,
+    Mode,
+    Outcome,
+    Persist,
+    Persisted,
+    PersistFailed,
+    ReleaseThread,
+    Reply,
+    RestoreSession,
+    SendMessage,
+    SendStreaming,
+    StopStream,
+)
+from agui_adapter.run_machine import Phase, RunMachine
+from agui_adapter.sse import SSEDecoder
+from agui_adapter.translate import inspect_frame
+from agui_adapter.validation import validate_run_input
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "a2a"
+NOW = 1_800_000_000.0
+
+
+def frames(name: str) -> list[Any]:
+    return [json.loads(p) for p in SSEDecoder().feed((DATA / name).read_bytes())]
+
+
+def context_of(name: str) -> str:
+    return next(info.context_id for info in map(inspect_frame, frames(name)) if info.context_id)
+
+
+def body(text: str | None = "hello", *, resume: list[dict[str, Any]] | None = None, **props: Any) -> dict[str, Any]:
+    iac = {"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": "/tmp/ws", **props}
+    payload: dict[str, Any] = {
+        "threadId": "thread-1",
+        "runId": "run-1" if resume is None else "run-2",
+        "state": {},
+        "messages": [] if text is None else [{"id": "m1", "role": "user", "content": text}],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {"iacCode": iac},
+    }
+    if resume is not None:
+        payload["resume"] = resume
+    return payload
+
+
+def record_for(context_id: str, **execution: Any) -> ThreadRecord:
+    return ThreadRecord(
+        thread_id="thread-1",
+        context_id=context_id,
+        cwd="/tmp/ws",
+        user_id=None,
+        execution=Execution(execution_id="exec-1", ros_invocation_id="inv-1", **execution),
+    )
+
+
+class Bench:
+    """Plays the driver: a record in memory, scripted kernel answers, every effect kept."""
+
+    def __init__(self, machine: RunMachine, record: ThreadRecord, replies: dict[type, Any] | None = None) -> None:
+        self.machine = machine
+        self.disk = copy.deepcopy(record)  # what the store holds
+        self.replies = replies or {}
+        self.failing: set[type] = set()  # mutation types whose writes fail
+        self.effects: list[Effect] = []
+
+    def feed(self, effects: list[Effect]) -> None:
+        while effects:
+            reply: Reply | None = None
+            for effect in effects:
+                self.effects.append(effect)
+                reply = self._perform(effect)
+            effects = self.machine.replied(reply, NOW) if reply is not None else []
+
+    def _perform(self, effect: Effect) -> Reply | None:
+        if isinstance(effect, Persist):
+            if type(effect.mutation) in self.failing:
+                return PersistFailed("disk full") if effect.required else None
+            scratch = copy.deepcopy(self.disk)
+            try:
+                effect.mutation.apply(scratch)
+            except StaleExecution:
+                return PersistFailed("stale") if effect.required else None
+            self.disk = scratch
+            return Persisted(copy.deepcopy(scratch)) if effect.required else None
+        if isinstance(effect, (RestoreSession, GetTask, FetchPipelineState, SendMessage)):
+            reply = self.replies[type(effect)]
+            return reply(effect) if callable(reply) else reply
+        return None
+
+    # --- reading what happened ----------------------------------------------------------
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [e for effect in self.effects if isinstance(effect, Emit) for e in effect.events]
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    def index(self, predicate: Any) -> int:
+        return next(i for i, effect in enumerate(self.effects) if predicate(effect))
+
+    def emitted_at(self, event_type: str, name: str | None = None) -> int:
+        def has(effect: Effect) -> bool:
+            return isinstance(effect, Emit) and any(
+                e["type"] == event_type and (name is None or e.get("name") == name) for e in effect.events
+            )
+
+        return self.index(has)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.effects if isinstance(e, kind)]
+
+    def mutations(self, kind: type) -> list[Any]:
+        return [e.mutation for e in self.of(Persist) if isinstance(e.mutation, kind)]
+
+    @property
+    def finish(self) -> Finish:
+        [finish] = self.of(Finish)
+        return finish
+
+
+def turn(capture: str, text: str = "hello", **props: Any) -> tuple[RunMachine, Bench]:
+    record = record_for(context_of(capture))
+    machine = RunMachine(
+        validate_run_input(body(text, **props)), mode=Mode.TURN, record=copy.deepcopy(record), language="en"
+    )
+    bench = Bench(machine, record)
+    bench.feed(machine.start(NOW))
+    return machine, bench
+
+
+def assert_spans_balanced(types: list[str]) -> None:
+    for start, end in (
+        ("TEXT_MESSAGE_START", "TEXT_MESSAGE_END"),
+        ("TOOL_CALL_START", "TOOL_CALL_END"),
+        ("REASONING_START", "REASONING_END"),
+        ("STEP_STARTED", "STEP_FINISHED"),
+    ):
+        assert types.count(start) == types.count(end), (start, types)
+    assert types[0] == "RUN_STARTED"
+    assert types[-1] in ("RUN_FINISHED", "RUN_ERROR")
+    assert sum(t in ("RUN_FINISHED", "RUN_ERROR") for t in types) == 1
+
+
+def assert_release_before_final(bench: Bench) -> None:
+    final = bench.emitted_at(bench.types()[-1])
+    assert bench.index(lambda e: isinstance(e, ReleaseThread)) < final
+    assert isinstance(bench.effects[-1], Finish)
+
+
+# ====================================================================== normal turns
+def test_normal_turn_persists_ids_before_announcing_and_releases_before_the_end() -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    assert [type(e) for e in bench.effects] == [Emit, SendStreaming] and machine.phase is Phase.STREAMING
+    bench.feed(machine.frames(frames("01-normal-text.sse.txt"), NOW))
+    bench.feed(machine.stream_ended(NOW))
+
+    [ids, *more_ids] = bench.mutations(RecordIds)
+    assert ids.task_id and not more_ids or all(m.session_id for m in more_ids)
+    assert bench.disk.execution.task_id == machine.task_id and bench.disk.session_id == machine.session_id
+    first_ids_write = bench.index(lambda e: isinstance(e, Persist) and isinstance(e.mutation, RecordIds))
+    assert first_ids_write < bench.emitted_at("CUSTOM", "iac-code.session.v1")
+    assert_release_before_final(bench)
+    types = bench.types()
+    assert_spans_balanced(types)
+    assert (
+        "".join(e["delta"] for e in bench.events if e["type"] == "TEXT_MESSAGE_CONTENT") == "Hello from the fake LLM."
+    )
+    assert bench.finish.outcome is Outcome.SUCCESS and machine.ended
+    assert bench.disk.execution.terminal  # retired: its cancel answers already_terminal
+
+
+def test_frames_split_anywhere_give_the_same_events() -> None:
+    capture = frames("32-thinking-raw.sse.txt")
+    machine, whole = turn("32-thinking-raw.sse.txt")
+    whole.feed(machine.frames(capture, NOW))
+    whole.feed(machine.stream_ended(NOW))
+    machine, split = turn("32-thinking-raw.sse.txt")
+    for frame in capture:
+        split.feed(machine.frames([frame], NOW))
+    split.feed(machine.stream_ended(NOW))
+    assert whole.events == split.events
+    assert "REASONING_MESSAGE_CONTENT" in whole.types()
+
+
+def test_tool_call_then_its_result_and_artifact() -> None:
+    machine, bench = turn("02-permission.sse.txt", "[WRITE] create hello.txt")
+    bench.feed(machine.frames(frames("02-permission.sse.txt"), NOW))
+    types = bench.types()
+    assert types[types.index("TOOL_CALL_START") : types.index("TOOL_CALL_END") + 1] == [
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+    ]
+    [start] = [e for e in bench.events if e["type"] == "TOOL_CALL_START"]
+    assert start["toolCallName"] == "write_file"
+    # the stream after the permission was allowed: the tool's result and its artifact
+    machine, bench = turn("04-permission-allow.sse.txt")
+    bench.feed(machine.frames(frames("04-permission-allow.sse.txt"), NOW))
+    bench.feed(machine.stream_ended(NOW))
+    assert_spans_balanced(bench.types())
+    [result] = [e for e in bench.events if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["toolCallId"] == start["toolCallId"] and "Successfully wrote" in result["content"]
+    assert any(e.get("name") == "iac-code.artifact.v1" for e in bench.events)
+    assert bench.finish.outcome is Outcome.SUCCESS
+
+
+def test_kernel_failure_and_cancellation_end_in_run_error() -> None:
+    machine, bench = turn("23-llm-http500.sse.txt")
+    bench.feed(machine.frames(frames("23-llm-http500.sse.txt"), NOW))
+    bench.feed(machine.stream_ended(NOW))
+    assert bench.finish.code == Code.A2A_EXECUTION_FAILED and bench.types()[-1] == "RUN_ERROR"
+
+    machine, bench = turn("12-cancel-during-stream.sse.txt")
+    bench.feed(machine.frames(frames("12-cancel-during-stream.sse.txt"), NOW))
+    bench.feed(machine.stream_ended(NOW))
+    assert bench.finish.code == Code.CANCELLED
+    assert_spans_balanced(bench.types())
+
+
+def test_kernel_gone_mid_stream_closes_spans_and_cancels_the_task() -> None:
+    capture = frames("01-normal-text.sse.txt")
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames(capture[:5], NOW))  # a text message is open
+    assert bench.types()[-1] == "TEXT_MESSAGE_CONTENT"
+    bench.feed(machine.kernel_unavailable("connection reset", NOW))
+    types = bench.types()
+    assert types[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"] and bench.finish.code == Code.A2A_UNAVAILABLE
+    assert [c.task_id for c in bench.of(CancelTask)] == [machine.task_id]
+    assert bench.disk.execution.terminal
+    assert_release_before_final(bench)
+
+
+def test_identity_mismatch_is_a_protocol_error() -> None:
+    capture = frames("01-normal-text.sse.txt")
+    record = record_for(context_of("01-normal-text.sse.txt"))
+    record.session_id = "another-session"
+    machine = RunMachine(validate_run_input(body()), mode=Mode.TURN, record=copy.deepcopy(record), language="en")
+    bench = Bench(machine, record)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.frames(capture, NOW))
+    assert bench.finish.code == Code.A2A_PROTOCOL_ERROR
+    assert "session identity" in bench.events[-1]["message"]
+    assert not bench.of(CancelTask)
+
+
+def test_ids_that_cannot_be_written_fail_closed() -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.failing.add(RecordIds)
+    bench.feed(machine.frames(frames("01-normal-text.sse.txt"), NOW))
+    assert bench.finish.code == Code.STATE_PERSISTENCE_FAILED
+    assert [c.task_id for c in bench.of(CancelTask)] == [machine.task_id]
+    assert "CUSTOM" not in bench.types()  # nothing announced that is not on disk
+
+
+def test_a_rejected_call_is_an_execution_failure_and_a_backup_wait_is_retryable() -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.kernel_rejected(KernelRejected({"code": -32602, "message": "bad params"}), NOW))
+    assert bench.finish.code == Code.A2A_EXECUTION_FAILED and "bad params" in bench.events[-1]["message"]
+    machine, bench = turn("01-normal-text.sse.txt")
+    error = {"code": -32000, "message": "wait", "data": {"code": "SESSION_BACKUP_NOT_READY"}}
+    bench.feed(machine.kernel_rejected(KernelRejected(error), NOW))
+    assert bench.finish.code == Code.SESSION_BACKUP_NOT_READY
+
+
+# ====================================================================== interrupts
+def test_permission_interrupt_is_committed_before_it_is_announced() -> None:
+    machine, bench = turn("02-permission.sse.txt", "[WRITE] create hello.txt")
+    bench.feed(machine.frames(frames("02-permission.sse.txt"), NOW))
+    assert bench.finish.outcome is Outcome.INTERRUPT
+    [commit] = bench.mutations(CommitInterrupts)
+    commit_at = bench.index(lambda e: isinstance(e, Persist) and isinstance(e.mutation, CommitInterrupts))
+    assert commit_at < bench.emitted_at("RUN_FINISHED")
+    assert_release_before_final(bench)
+    [interrupt] = bench.events[-1]["outcome"]["interrupts"]
+    assert interrupt["reason"] == "tool_call" and interrupt["expiresAt"] == intr.rfc3339(NOW + 86400)
+    assert set(bench.disk.execution.pending) == {interrupt["id"]} and not bench.disk.execution.terminal
+    assert not bench.mutations(RetireExecution)
+    assert_spans_balanced(bench.types())
+
+
+def test_question_interrupt_fills_pipeline_gaps_first() -> None:
+    capture = frames("34-pipeline-ask.sse.txt")
+    machine, bench = turn("34-pipeline-ask.sse.txt", runMode="pipeline", pipelineName="selling")
+    # the live stream skipped sequence 12; the kernel's journal has it
+    skipped = {"sequence": 12, "eventId": "evt-skipped", "eventType": "stack_progress", "scope": "pipeline"}
+    skipped |= {"pipelineRunId": "ctx-pipe-2", "pipelineName": "selling", "data": {"stack": "s-1"}}
+    bench.replies[FetchPipelineState] = KernelAnswer(200, {"events": [skipped]})
+    bench.feed(machine.frames(capture, NOW))
+    assert bench.finish.outcome is Outcome.INTERRUPT
+    [fetch] = bench.of(FetchPipelineState)
+    assert fetch.params == {"taskId": machine.task_id, "afterSequence": 9, "includeSnapshot": "false"}
+    fetch_at = bench.index(lambda e: isinstance(e, FetchPipelineState))
+    commit_at = bench.index(lambda e: isinstance(e, Persist) and isinstance(e.mutation, CommitInterrupts))
+    assert fetch_at < commit_at < bench.emitted_at("RUN_FINISHED")
+    pipeline = [e["value"] for e in bench.events if e.get("name") == "iac-code.pipeline.v1"]
+    assert pipeline[-1]["eventId"] == "evt-skipped"
+    assert bench.disk.execution.pipeline["delivered"] == [12]  # remembered: never sent twice
+    [interrupt] = bench.events[-1]["outcome"]["interrupts"]
+    assert interrupt["reason"] != "tool_call" and interrupt["responseSchema"]
+    assert_spans_balanced(bench.types())
+
+
+# ====================================================================== resume
+PERMISSION = {"kind": "permission", "inputId": "p1", "toolUseId": "call-1", "required": True, "toolName": "write_file"}
+QUESTION = {
+    "kind": "ask_user_question",
+    "inputId": "q1",
+    "required": True,
+    "question": "Which region?",
+    "options": [{"id": "hz", "label": "cn-hangzhou"}],
+    "allowFreeText": True,
+}
+
+
+def resumed(
+    *inputs: dict[str, Any], answers: list[dict[str, Any]], session_id: str | None = "sess-1"
+) -> tuple[RunMachine, Bench]:
+    expires = intr.rfc3339(NOW + 3600)
+    pending = {
+        i["inputId"]: PendingInterrupt(i, intr.build_interrupt(i, expires_at=expires, language="en")) for i in inputs
+    }
+    record = record_for("ctx-1", task_id="task-1", pending=pending)
+    record.session_id = session_id
+    machine = RunMachine(
+        validate_run_input(body(None, resume=answers)), mode=Mode.RESUME, record=copy.deepcopy(record), language="en"
+    )
+    task = {"id": "task-1", "contextId": "ctx-1", "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}
+    bench = Bench(machine, record, {RestoreSession: KernelAnswer(200, {}), GetTask: KernelAnswer(200, task)})
+    return machine, bench
+
+
+def status(state: str, text: str | None = None, **iac: Any) -> dict[str, Any]:
+    update: dict[str, Any] = {"taskId": "task-1", "contextId": "ctx-1", "status": {"state": state}}
+    if text:
+        update["status"]["message"] = {"messageId": "m-a", "role": "ROLE_AGENT", "parts": [{"text": text}]}
+    update["metadata"] = {"iac_code": {"iacCodeSessionId": "sess-1", **iac}}
+    return {"jsonrpc": "2.0", "id": 1, "result": {"statusUpdate": update}}
+
+
+def test_several_answers_are_each_delivered_and_accepted_on_their_first_frame() -> None:
+    answers = [
+        {"interruptId": "q1", "status": "resolved", "payload": {"selectedId": "hz"}},
+        {"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}},
+    ]
+    machine, bench = resumed(PERMISSION, QUESTION, answers=answers)
+    bench.feed(machine.start(NOW))
+    kinds = [type(e) for e in bench.effects]
+    assert kinds[:4] == [Emit, RestoreSession, GetTask, SendStreaming] and machine.phase is Phase.ANSWERING
+    first = bench.of(SendStreaming)[0].message
+    assert first["parts"][0]["data"]["decision"] == "allow_once"  # permissions go first
+
+    bench.feed(machine.frames([status("TASK_STATE_WORKING")], NOW))
+    assert [m.interrupt_id for m in bench.mutations(AcceptAnswer)] == ["p1"] and machine.phase is Phase.STREAMING
+    assert set(bench.disk.execution.pending) == {"q1"}
+    bench.feed(machine.stream_ended(NOW))  # the next answer's stream
+    assert len(bench.of(SendStreaming)) == 2 and machine.phase is Phase.ANSWERING
+    assert bench.of(SendStreaming)[1].message["parts"] == [{"text": "cn-hangzhou"}]
+    bench.feed(machine.frames([status("TASK_STATE_WORKING"), status("TASK_STATE_COMPLETED", "Done.")], NOW))
+    bench.feed(machine.stream_ended(NOW))
+    assert [m.interrupt_id for m in bench.mutations(AcceptAnswer)] == ["p1", "q1"]
+    assert bench.finish.outcome is Outcome.SUCCESS and not bench.disk.execution.pending
+    assert bench.disk.applied_digest("exec-1", "q1") and bench.disk.execution.terminal
+    assert_spans_balanced(bench.types())
+
+
+def test_an_answer_the_kernel_refuses_stays_pending() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.kernel_rejected(KernelRejected({"code": -32602, "message": "no such input"}), NOW))
+    assert bench.finish.code == Code.A2A_UNAVAILABLE
+    assert not bench.mutations(AcceptAnswer) and not bench.mutations(RetireExecution)
+    assert set(bench.disk.execution.pending) == {"p1"}
+
+
+def test_an_answer_stream_that_ends_without_a_frame_was_not_accepted() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "deny"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.stream_ended(NOW))
+    assert bench.finish.code == Code.A2A_UNAVAILABLE and set(bench.disk.execution.pending) == {"p1"}
+
+
+def test_sideband_answers_are_unary_calls_then_the_task_is_followed() -> None:
+    sideband = dict(PERMISSION, inputId="s1", scope="candidate")
+    answers = [{"interruptId": "s1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(sideband, answers=answers)
+    bench.disk.execution.pending["s1"].sideband = True
+    machine.record.execution.pending["s1"].sideband = True
+    bench.replies[SendMessage] = KernelAnswer(200, {})
+    bench.feed(machine.start(NOW))
+    assert [type(e) for e in bench.effects][-3:] == [SendMessage, Persist, Follow]
+    assert machine.phase is Phase.STREAMING and not bench.disk.execution.pending
+
+
+def test_resume_of_a_task_the_kernel_lost() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.replies[GetTask] = KernelRefused(KernelRejected({"code": -32001, "message": "Task not found"}))
+    bench.feed(machine.start(NOW))
+    assert bench.finish.code == Code.EXECUTION_LOST
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.replies[RestoreSession] = KernelAnswer(404, {})
+    bench.feed(machine.start(NOW))
+    assert bench.finish.code == Code.EXECUTION_LOST and not bench.of(GetTask)
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.replies[RestoreSession] = KernelDown("refused")
+    bench.feed(machine.start(NOW))
+    assert bench.finish.code == Code.A2A_UNAVAILABLE
+
+
+def test_an_expired_interrupt_cancels_the_task() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.feed(machine.start(NOW + 7200))
+    assert bench.finish.code == Code.EXECUTION_EXPIRED
+    assert [c.task_id for c in bench.of(CancelTask)] == ["task-1"] and bench.disk.execution.terminal
+
+
+def test_an_accepted_answer_that_cannot_be_written_fails_closed() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.failing.add(AcceptAnswer)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.frames([status("TASK_STATE_WORKING")], NOW))
+    assert bench.finish.code == Code.STATE_PERSISTENCE_FAILED and bench.of(CancelTask)
+
+
+# ====================================================================== guidance
+def test_guidance_ends_when_the_kernel_takes_the_message() -> None:
+    record = record_for("ctx-1", task_id="task-1")
+    payload = body("go faster", runMode="pipeline", pipelineName="selling", activeGuidance=True)
+    machine = RunMachine(validate_run_input(payload), mode=Mode.GUIDANCE, record=copy.deepcopy(record), language="en")
+    bench = Bench(machine, record)
+    bench.feed(machine.start(NOW))
+    [send] = bench.of(SendStreaming)
+    assert send.message["taskId"] == "task-1" and machine.phase is Phase.GUIDING
+    bench.feed(machine.frames([status("TASK_STATE_WORKING")], NOW))
+    assert bench.finish.outcome is Outcome.SUCCESS and bench.types() == ["RUN_STARTED", "RUN_FINISHED"]
+    assert not bench.of(Persist)  # the pipeline's own run owns the execution
+
+    machine = RunMachine(validate_run_input(payload), mode=Mode.GUIDANCE, record=copy.deepcopy(record), language="en")
+    bench = Bench(machine, record)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.client_gone(NOW))
+    assert not bench.of(CancelTask) and not bench.of(CancelWhenKnown)
+
+
+# ====================================================================== the client goes away
+@pytest.mark.parametrize("frames_seen", [0, 3])
+def test_a_client_gone_cancels_the_task_when_known(frames_seen: int) -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    if frames_seen:
+        bench.feed(machine.frames(frames("01-normal-text.sse.txt")[:frames_seen], NOW))
+    bench.feed(machine.client_gone(NOW))
+    if frames_seen:
+        assert [c.task_id for c in bench.of(CancelTask)] == [machine.task_id] and bench.disk.execution.terminal
+    else:
+        assert bench.of(CancelWhenKnown) and not bench.of(CancelTask)
+    assert bench.of(ReleaseThread) and bench.finish.outcome is Outcome.ABANDONED
+    assert machine.client_gone(NOW) == []  # once
+
+
+def test_a_client_gone_keeps_pending_interrupts() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.client_gone(NOW))
+    assert not bench.of(CancelTask) and not bench.mutations(RetireExecution)
+    assert set(bench.disk.execution.pending) == {"p1"} and bench.of(StopStream) and bench.of(ReleaseThread)
+
+
+def test_a_body_closed_before_the_first_write_only_releases_the_thread() -> None:
+    record = record_for("ctx-1")
+    machine = RunMachine(validate_run_input(body()), mode=Mode.TURN, record=record, language="en")
+    effects = machine.client_gone(NOW)
+    assert [type(e) for e in effects] == [StopStream, ReleaseThread, Finish]
