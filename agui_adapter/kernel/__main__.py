@@ -15,7 +15,7 @@ import sys
 import threading
 from types import FrameType
 
-from agui_adapter.kernel.scripted import ScriptedKernel
+from agui_adapter.kernel.server import ScriptedKernel
 
 
 def _parser() -> argparse.ArgumentParser:
