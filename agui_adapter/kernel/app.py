@@ -351,8 +351,9 @@ def create_app(
     token: str | None = None,
     delay_scale: float = 1.0,
     keepalive_seconds: float = 15.0,
+    state_dir: str | None = None,
 ) -> ScriptedKernelApp:
     """The scripted kernel as a WSGI app (keyword options apply when ``state`` is None)."""
     if state is None:
-        state = KernelState(token, delay_scale=delay_scale, keepalive_seconds=keepalive_seconds)
+        state = KernelState(token, delay_scale=delay_scale, keepalive_seconds=keepalive_seconds, state_dir=state_dir)
     return ScriptedKernelApp(state)

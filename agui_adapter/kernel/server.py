@@ -2,7 +2,8 @@
 
 Why: the adapter, the tests and ``python -m agui_adapter.kernel`` all need the
 kernel listening on loopback like the real ``iac-code a2a``, started and stopped
-cleanly (open streams closed, running scripts canceled).
+cleanly (open streams closed, running scripts canceled, sessions saved,
+temporary folders removed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class _QuietRequestHandler(WSGIRequestHandler):
 class ScriptedKernel:
     """Runs the scripted kernel on a threaded Werkzeug server in a daemon thread.
 
+    With ``state_dir`` the kernel keeps its sessions there (see
+    :mod:`agui_adapter.kernel.sessions`), so a new instance on the same directory
+    continues the same session ids.
+
     >>> with ScriptedKernel(token="t", delay_scale=0.01) as kernel:  # doctest: +SKIP
     ...     requests.get(kernel.url + "health", headers={"Authorization": "Bearer t"})
     """
@@ -39,9 +44,12 @@ class ScriptedKernel:
         delay_scale: float = 1.0,
         keepalive_seconds: float = 15.0,
         log_requests: bool = False,
+        state_dir: str | None = None,
     ) -> None:
         self.token = token or None
-        self.state = KernelState(self.token, delay_scale=delay_scale, keepalive_seconds=keepalive_seconds)
+        self.state = KernelState(
+            self.token, delay_scale=delay_scale, keepalive_seconds=keepalive_seconds, state_dir=state_dir
+        )
         self.app = ScriptedKernelApp(self.state)
         self.url = ""
         self._log_requests = log_requests
@@ -72,7 +80,7 @@ class ScriptedKernel:
         return self.url
 
     def stop(self) -> None:
-        """Cancel running scripts, close open streams and stop the server."""
+        """Cancel running scripts, close open streams, stop the server, save sessions, remove temp folders."""
         server, thread = self._server, self._thread
         if server is None:
             return

@@ -91,6 +91,7 @@ class Submissions:
             submitted = self._submit_to_task(task_id, context_id, answer, text, iac, response=response, unary=unary)
         else:
             submitted = self._submit_new_turn(msg, context_id, parts, text, iac)
+        self.state.persist()
         return submitted
 
     def _submit_new_turn(
@@ -331,3 +332,4 @@ class Submissions:
                 pass
         finally:
             self.state.finish(run.task)
+            self.state.persist()

@@ -9,6 +9,8 @@ lock; publishing never blocks) checkable in one place.
 from __future__ import annotations
 
 import queue
+import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -17,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from agui_adapter.kernel.journal import PIPELINE_EXTENSION_URI, Pipeline, wait_iac
+from agui_adapter.kernel.sessions import SessionRecord, SessionStore
 from agui_adapter.kernel.wire import (
     CANCELED,
     CLOSE,
@@ -131,6 +134,7 @@ class KernelState:
         delay_scale: float = 1.0,
         keepalive_seconds: float = 15.0,
         default_cwd: str | None = None,
+        state_dir: str | None = None,
     ) -> None:
         self.token = token or None
         self.delay_scale = max(0.0, float(delay_scale))
@@ -145,7 +149,15 @@ class KernelState:
         self._requests: list[dict[str, Any]] = []
         self._seq = 0
         self._default_cwd = default_cwd
+        self._temp_cwd: str | None = None  # the default cwd this kernel created (removed on shutdown)
+        self._cwd_lock = threading.Lock()
         self.closing = False
+        self.sessions = SessionStore(state_dir) if state_dir else None
+        self._persist_lock = threading.Lock()
+        for context_id, record in (self.sessions.load() if self.sessions else {}).items():
+            self.contexts[context_id] = Context(context_id, record.session_id, record.cwd, record.turns)
+            if record.pipeline_sequence:
+                self.pipeline_sequences[context_id] = record.pipeline_sequence
         # Test knob: sessions whose backup is still "synchronizing" (ensure-restored answers 409).
         self.backup_not_ready: set[str] = set()
 
@@ -263,9 +275,29 @@ class KernelState:
 
     def default_cwd(self) -> str:
         """Workspace for turns that never sent a cwd (created lazily, outside the repo)."""
-        if self._default_cwd is None:
-            self._default_cwd = tempfile.mkdtemp(prefix="scripted-kernel-")
-        return self._default_cwd
+        with self._cwd_lock:
+            if self._default_cwd is None:
+                if self.closing:  # the turn is canceled at once: create nothing shutdown would miss
+                    return tempfile.gettempdir()
+                self._default_cwd = self._temp_cwd = tempfile.mkdtemp(prefix="scripted-kernel-")
+            return self._default_cwd
+
+    def persist(self) -> None:
+        """Write what the contexts need to continue after a restart (with a state directory)."""
+        if self.sessions is None:
+            return
+        with self._persist_lock:  # snapshot and write in one order: no older state written last
+            with self.lock:
+                records = {
+                    context_id: SessionRecord(
+                        ctx.session_id, ctx.cwd, ctx.turns, self.pipeline_sequences.get(context_id, 0)
+                    )
+                    for context_id, ctx in self.contexts.items()
+                }
+            try:
+                self.sessions.save(records)
+            except OSError as exc:  # the kernel goes on; the next change tries again
+                print(f"scripted kernel: cannot save sessions: {exc}", file=sys.stderr)
 
     # ----------------------------------------------------------- tasks (lock held)
 
@@ -456,7 +488,7 @@ class KernelState:
         return snapshot
 
     def shutdown(self) -> None:
-        """Stop every running script and close every open stream."""
+        """Stop every running script, close every open stream, save the sessions, remove temp folders."""
         with self.lock:
             self.closing = True
             for task in self.tasks.values():
@@ -464,3 +496,10 @@ class KernelState:
                     task.canceled = True
                     task.cancel_event.set()
                     self.finish_locked(task)
+        self.persist()
+        with self._cwd_lock:
+            temp, self._temp_cwd = self._temp_cwd, None
+            if temp is not None:
+                self._default_cwd = None
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
