@@ -113,6 +113,8 @@ def start_scripted(settings: Settings, *, delay_scale: float = 1.0) -> KernelPro
         "AGUI_SCRIPTED_KERNEL_TOKEN",
         "--delay-scale",
         str(delay_scale),
+        "--state-dir",  # sessions survive a restart of the adapter (and of this kernel)
+        str(settings.resolved_state_dir() / "scripted-kernel"),
     ]
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     assert proc.stdout is not None

@@ -28,7 +28,7 @@ import requests
 from werkzeug.serving import make_server
 
 from agui_adapter.config import Settings
-from agui_adapter.kernel.scripted import ScriptedKernel
+from agui_adapter.kernel import ScriptedKernel
 from agui_adapter.kernels import KernelProcess
 from agui_adapter.server import build_app
 

@@ -340,7 +340,7 @@ def test_a_body_closed_before_its_first_write_frees_the_thread(adapter: Any, wor
 
 def test_kernel_dies_mid_stream(tmp_path: Path, workspace: Path) -> None:
     from agui_adapter.config import Settings
-    from agui_adapter.kernel.scripted import ScriptedKernel
+    from agui_adapter.kernel import ScriptedKernel
     from agui_adapter.kernels import KernelProcess
 
     from .conftest import InProcessAdapter

@@ -8,21 +8,16 @@ It is a real HTTP server, not an in-process shortcut, so the adapter's A2A
 client path is exercised exactly as in production.
 
 ``ScriptedKernel`` starts it in a daemon thread; ``python -m agui_adapter.kernel``
-runs it as a process. The scripts (chosen by directives such as ``[WRITE]`` in
-the user text) are documented in :mod:`agui_adapter.kernel.scripted`, including
-pipeline mode (``iac_code.run_mode: "pipeline"``: envelopes, batches, the journal
-behind ``/iac-code/pipeline/state`` and the ``[PIPE-...]`` directives).
+runs it as a process. README.md beside this file is its manual: the wire
+surface, the directives that choose a script (such as ``[WRITE]``), pipeline
+mode, and which module owns what.
 """
 
-from agui_adapter.kernel.scripted import (
-    A2A_VERSION,
-    Directives,
-    KernelState,
-    RpcError,
-    ScriptedKernel,
-    ScriptedKernelApp,
-    create_app,
-)
+from agui_adapter.kernel.app import ScriptedKernelApp, create_app
+from agui_adapter.kernel.directives import Directives
+from agui_adapter.kernel.server import ScriptedKernel
+from agui_adapter.kernel.tasks import KernelState
+from agui_adapter.kernel.wire import A2A_VERSION, RpcError
 
 __all__ = [
     "A2A_VERSION",

@@ -3,7 +3,8 @@
 Why: a separate process is how ``run.py`` and out-of-process benchmarks use the
 kernel, exactly like the real ``iac-code a2a``. The one stdout line
 ``READY <base url>`` tells the parent which port was bound (``--port 0`` picks
-a free one); the process serves until SIGTERM or SIGINT and then exits 0.
+a free one); the process serves until SIGTERM or SIGINT and then exits 0, after
+saving its sessions (``--state-dir``) and removing its temporary folders.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import threading
 from types import FrameType
 
-from agui_adapter.kernel.scripted import ScriptedKernel
+from agui_adapter.kernel.server import ScriptedKernel
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         help="send ': ping' after this many idle seconds on a stream (<= 0 disables)",
     )
     parser.add_argument("--log-requests", action="store_true", help="log each HTTP request to stderr")
+    parser.add_argument(
+        "--state-dir",
+        default=None,
+        help="keep sessions in this directory so a restart continues them (default: forget them on exit)",
+    )
     return parser
 
 
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         delay_scale=args.delay_scale,
         keepalive_seconds=args.keepalive_seconds,
         log_requests=args.log_requests,
+        state_dir=args.state_dir,
     )
     try:
         url = kernel.start(args.host, args.port)

@@ -1,0 +1,503 @@
+"""The pipeline scripts: a scripted selling pipeline as a generator of envelopes and waits.
+
+Why: a pipeline turn (``iac_code.run_mode: "pipeline"``) runs five steps with
+optional questions, candidates, permissions and failures chosen by the
+``[PIPE-...]`` directives, pausing at each wait until an answer resumes it. A
+generator that yields ``(envelopes, waits)`` and receives the answer keeps that
+story in order in one place; :mod:`agui_adapter.kernel.pipeline_waits` drives it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from agui_adapter.kernel.frames import PipeRun
+from agui_adapter.kernel.journal import PIPELINE_STEPS
+from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT
+from agui_adapter.kernel.tasks import Pending
+from agui_adapter.kernel.wire import as_struct, random_hex
+
+PIPELINE_FIELDS = {
+    "intent_parsing": "intent",
+    "architecture_planning": "architecture",
+    "evaluate_candidates": "evaluated_candidates",
+    "confirm_and_select": "selected_plan",
+    "deploying": "deployment",
+}
+PIPELINE_CONCLUSIONS: dict[str, dict[str, Any]] = {
+    "intent_parsing": {
+        "is_infra_intent": True,
+        "confidence": "high",
+        "category": "website",
+        "user_message_summary": "small website",
+    },
+    "architecture_planning": {"summary": "A small web tier on Alibaba Cloud.", "region": "cn-hangzhou"},
+    "evaluate_candidates": {"candidateIds": []},
+    "confirm_and_select": {"candidateId": None},
+    "deploying": {"deployed": True},
+}
+
+
+SELECT_PROMPT = "Which plan should be deployed?"
+CONFIRM_PROMPT = "Deploy the selected plan now?"
+CONFIRM_OPTIONS = ({"id": "confirm", "label": "Confirm"}, {"id": "cancel", "label": "Cancel"})
+RESOURCE_PROMPT = "Which VPC should host the site?"
+RESOURCE_SELECTOR = {"selectorId": "vpc", "options": [{"value": "vpc-1", "label": "default VPC"}]}
+STEP_FAIL_TEXT = "No conclusion extracted"
+
+
+@dataclass(frozen=True)
+class _Question:
+    """A question wait of a step: its input kind, the tool that asks, the id prefix, the texts."""
+
+    kind: str
+    tool: str
+    prefix: str
+    prompt: str
+    allow_free_text: bool
+    options: tuple[dict[str, Any], ...] = ()
+
+
+_ASK = _Question("ask_user_question", "ask_user_question", "ask", ASK_PROMPT, True, ASK_OPTIONS)
+_SELECT = _Question("candidate_selection", "select_candidate", "select", SELECT_PROMPT, False)  # options: candidates
+_CONFIRM = _Question("deployment_confirmation", "confirm_deployment", "confirm", CONFIRM_PROMPT, False, CONFIRM_OPTIONS)
+
+
+def _candidate(cid: str, label: str, summary: str, flow: str, costs: dict[str, float]) -> dict[str, Any]:
+    """A candidate plan as ``rich-v1`` presents it (the total is the sum of its cost items)."""
+    return {
+        "id": cid,
+        "label": label,
+        "summary": summary,
+        "architectureDiagram": "flowchart LR\n  " + flow,
+        "totalMonthlyCost": sum(costs.values()),
+        "costItems": [{"name": name, "monthlyCost": cost} for name, cost in costs.items()],
+    }
+
+
+CANDIDATES: tuple[dict[str, Any], ...] = (
+    _candidate(
+        "c1",
+        "Plan A",
+        "One ECS instance behind an SLB.",
+        "user --> slb --> ecs",
+        {"ECS ecs.t6-c1m1.large": 30.0, "SLB": 12.5},
+    ),
+    _candidate(
+        "c2",
+        "Plan B",
+        "A static site on OSS behind CDN.",
+        "user --> cdn --> oss",
+        {"OSS standard storage": 2.0, "CDN traffic": 6.0},
+    ),
+)
+
+
+_PIPE_USAGE = {
+    "cachedInputTokens": 0,
+    "provider": "openai",
+    "model": "other",
+    "inputTokens": 11,
+    "outputTokens": 7,
+    "totalTokens": 18,
+}
+
+
+def _context_usage(messages: int) -> dict[str, Any]:
+    """A ``context_usage`` envelope's data after ``messages`` messages."""
+    user, assistant = 13 * messages, 9 * messages
+    total = 4871 + 1237 + user + assistant
+    return {
+        "contextWindow": 128000,
+        "assistantMessageTokens": assistant,
+        "toolResultTokens": 0,
+        "messageCount": messages,
+        "totalTokens": total,
+        "userMessageTokens": user,
+        "systemPromptTokens": 4871,
+        "toolDefinitionTokens": 1237,
+        "usagePercent": total / 1280,
+    }
+
+
+def _handoff_summary(name: str, outcome: str) -> str:
+    return (
+        "[Pipeline Handoff Context]\n"
+        "This is injected context for the assistant, not a user request.\n"
+        f"Pipeline: {name}\nOutcome: {outcome}\n\n"
+        "Use this context when answering follow-up questions after the pipeline handoff."
+    )
+
+
+def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
+    """The scripted pipeline; yields ``(envelopes, waits)`` and receives the answer."""
+    pipe = p.pipe
+    flags = pipe.flags
+    outcome = "completed"
+    p.emit(
+        "pipeline_started",
+        {
+            "totalSteps": len(PIPELINE_STEPS),
+            "stepNames": list(PIPELINE_STEPS),
+            "userRequest": pipe.user_request,
+            "pipelineType": pipe.name,
+        },
+    )
+    for name in PIPELINE_STEPS:
+        step = p.coord(name)
+        index = step["index"]
+        if index > 1 and "PIPE-SLOW" in flags:
+            assert p.run is not None
+            p.run.sleep(0.5)
+        p.emit(
+            "step_started",
+            {
+                "transcript_id": f"transcript_att_{index:04d}",
+                "active_attempt_id": f"att_{index:04d}",
+                "total": len(PIPELINE_STEPS),
+                "uiMode": None,
+                "index": index,
+                "name": name,
+                "attempt": 1,
+                "stepType": "normal",
+            },
+            step=dict(step, type="normal", uiMode=None),
+        )
+        p.emit("context_usage", _context_usage(0), step=step)
+        p.say(f"Working on {name}.", step=step)
+        conclusion = copy.deepcopy(PIPELINE_CONCLUSIONS[name])
+        asked = False
+        if name == "intent_parsing" and "PIPE-ASK" in flags:
+            option, reply = yield from _pipe_question(p, step, _ASK, _ASK.options)
+            conclusion["clarification_choice"] = option["id"] if option else reply
+            asked = True
+        elif name == "architecture_planning" and "PIPE-RESOURCE" in flags:
+            selection = yield from _pipe_resource(p, step)
+            conclusion["vpcId"] = selection["value"] if selection["status"] == "selected" else None
+            asked = True
+        elif name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
+            yield from _pipe_candidates(p, step)
+            conclusion["candidateIds"] = [c["id"] for c in CANDIDATES]
+        elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
+            options = [
+                dict(c) if pipe.rich else {"id": c["id"], "label": c["label"]} for c in copy.deepcopy(CANDIDATES)
+            ]
+            option, _ = yield from _pipe_question(p, step, _SELECT, options)
+            p.emit("candidate_selected", {"candidateId": option["id"], "label": option["label"]}, step=step)
+            conclusion["candidateId"] = option["id"]
+            asked = True
+        elif name == "deploying" and "PIPE-CANDIDATES" in flags:
+            option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
+            if option["id"] == "cancel":
+                outcome = "early_exit"
+                conclusion = {"deployed": False, "reason": "canceled by the user"}
+            asked = True
+        if asked:
+            p.emit("context_usage", _context_usage(3), step=step)
+            p.say(f"Working on {name}.", step=step)
+        if name == "architecture_planning" and "PIPE-FAIL" in flags:
+            _pipe_fail(p, step)
+            return
+        _pipe_complete_step(p, step, conclusion, ooo="PIPE-OOO" in flags and name == "architecture_planning")
+    _pipe_finish(p, outcome)
+
+
+def _input_wait(
+    p: PipeRun,
+    step: dict[str, Any],
+    *,
+    kind: str,
+    tool: str,
+    prefix: str,
+    tool_input: dict[str, Any],
+    asked: dict[str, Any],
+    offered: dict[str, Any],
+    received: Callable[[Any], dict[str, Any]],
+) -> Generator[Any, Any, Any]:
+    """A wait for the user inside a step; returns the answer the resume sends in.
+
+    The tool call and its usage, then ``input_required`` (``asked``: the keys of
+    its data after kind/inputId/toolUseId) with the ``iac_code.input`` envelope
+    (``offered``: its keys after the ids); the answer gets ``input_received``
+    (``received(answer)``: its keys after kind/inputId/toolUseId).
+    """
+    pipe = p.pipe
+    tool_use_id = f"call_{prefix}_" + random_hex(12)
+    input_id = f"{prefix}-{tool_use_id}"
+    ids = {"kind": kind, "inputId": input_id, "toolUseId": tool_use_id}
+    p.emit("tool_started", {"toolUseId": tool_use_id, "toolName": tool, "input": tool_input}, step=step)
+    with p.batch():
+        p.emit("usage", dict(_PIPE_USAGE), step=step)
+        p.emit("context_usage", _context_usage(1), step=step)
+    data = dict(ids, **asked)
+    envelope = p.event("input_required", data, status="input_required", step=step, input_=dict(data, required=True))
+    unified = as_struct(
+        {
+            "schemaVersion": 1,
+            "kind": kind,
+            "required": True,
+            "requestTaskId": pipe.task_id,
+            "contextId": pipe.context_id,
+            "inputId": input_id,
+            "toolUseId": tool_use_id,
+            **offered,
+        }
+    )
+    answer = yield [envelope], [Pending(kind, input_id, tool_use_id, unified)]
+    p.emit("input_received", dict(ids, **received(answer)), step=step)
+    return answer
+
+
+def _pipe_question(
+    p: PipeRun, step: dict[str, Any], question: _Question, offered: Any
+) -> Generator[Any, Any, tuple[dict[str, Any] | None, str]]:
+    """A question wait (ask_user_question / candidate_selection / deployment_confirmation)."""
+    prompt, allow_free_text = question.prompt, question.allow_free_text
+    options = [dict(o) for o in offered]
+
+    def received(answer: dict[str, Any]) -> dict[str, Any]:
+        option, reply = answer["option"], answer["text"]
+        return {
+            "question": prompt,
+            "options": options,
+            "allowFreeText": allow_free_text,
+            "selectedId": option["id"] if option else None,
+            "selectedLabel": option["label"] if option else None,
+            "freeText": "" if option else reply,
+            "freeTextLength": 0 if option else len(reply),
+            "answerTextLength": len(reply),
+        }
+
+    answer = yield from _input_wait(
+        p,
+        step,
+        kind=question.kind,
+        tool=question.tool,
+        prefix=question.prefix,
+        tool_input={"question": prompt, "options": options, "allow_free_text": allow_free_text},
+        asked={
+            "question": prompt,
+            "prompt": prompt,
+            "options": options,
+            "allowFreeText": allow_free_text,
+            "freeTextPrompt": "",
+        },
+        offered={"prompt": prompt, "allowFreeText": allow_free_text, "options": options},
+        received=received,
+    )
+    return answer["option"], answer["text"]
+
+
+def _pipe_resource(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict[str, Any]]:
+    """A cloud_resource_selection wait (answered through ``iac_code.inputResponse``)."""
+    selector = copy.deepcopy(RESOURCE_SELECTOR)
+    shown = {"prompt": RESOURCE_PROMPT, "selector": selector}
+    selection: dict[str, Any] = yield from _input_wait(
+        p,
+        step,
+        kind="cloud_resource_selection",
+        tool="select_cloud_resource",
+        prefix="resource",
+        tool_input={"prompt": RESOURCE_PROMPT, "selectorId": selector["selectorId"]},
+        asked=shown,
+        offered=shown,
+        received=lambda chosen: {key: chosen[key] for key in ("selectorId", "status", "value", "label")},
+    )
+    return selection
+
+
+def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, None]:
+    """Two candidates evaluated "in parallel" (interleaved), optionally with two permission waits."""
+    pipe = p.pipe
+    runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for candidate in CANDIDATES:
+        cid = candidate["id"]
+        coordinates = {
+            "step": step,
+            "candidate": {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"},
+            "candidate_step": {"id": "price_estimation", "runId": f"cstep-{cid}-price_estimation-1"},
+        }
+        runs.append((candidate, coordinates))
+    for index, (candidate, at) in enumerate(runs, 1):
+        data = {"candidateId": candidate["id"], "label": candidate["label"], "index": index, "total": len(runs)}
+        p.emit("candidate_started", data, step=step, candidate=at["candidate"])
+    for _, at in runs:
+        p.emit("candidate_step_started", {"name": "price_estimation", "index": 1, "total": 1}, **at)
+    for _, at in runs:
+        p.emit("message_started", {"messageId": "msg_" + random_hex(24)}, **at)
+    for candidate, at in runs:
+        p.emit("text_delta", {"text": f"{candidate['label']}: "}, **at)
+    with p.batch():
+        for _, at in runs:
+            p.emit("text_delta", {"text": "estimating the monthly cost."}, **at)
+    if "PIPE-PERMS" in pipe.flags:
+        envelopes: list[dict[str, Any]] = []
+        waits: list[Pending] = []
+        for candidate, at in runs:
+            cid = candidate["id"]
+            tool_use_id = f"call_price_{cid}_" + random_hex(8)
+            p.emit(
+                "tool_started",
+                {"toolUseId": tool_use_id, "toolName": "describe_prices", "input": {"candidate": cid}},
+                **at,
+            )
+            shown = {
+                "title": "Query cloud prices",
+                "purpose": f"Look up the monthly cost of {candidate['label']}.",
+                "effect": "read",
+                "target": "bss:DescribePrice",
+                "isReadOnly": True,
+                "prompt": "Query cloud prices Allow once?",
+                "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
+                "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
+                "scope": "candidate",
+                "subPipelineId": f"sub-{cid}",
+            }
+            wait = Pending.for_permission(
+                task_id=pipe.task_id,
+                context_id=pipe.context_id,
+                language=pipe.language,
+                tool_use_id=tool_use_id,
+                tool_name="describe_prices",
+                shown=shown,
+                extra={"candidate": cid, "coords": at},
+            )
+            waits.append(wait)
+            envelope = wait.envelope
+            data = {
+                key: envelope[key]
+                for key in (
+                    "kind",
+                    "inputId",
+                    "toolUseId",
+                    "toolName",
+                    "title",
+                    "prompt",
+                    "effect",
+                    "target",
+                    "options",
+                )
+            }
+            data.update(candidateId=cid, subPipelineId=f"sub-{cid}")
+            envelopes.append(p.event("permission_requested", data, status="input_required", **at))
+        answers = yield envelopes, waits
+        decisions = {pending.extra["candidate"]: decision for pending, decision in answers}
+        for (candidate, at), wait in zip(runs, waits, strict=True):
+            denied = decisions.get(candidate["id"]) != "allow_once"
+            result = (
+                "The user denied permission to run describe_prices."
+                if denied
+                else f"{candidate['label']} costs {candidate['totalMonthlyCost']} CNY per month."
+            )
+            data = {
+                "toolUseId": wait.tool_use_id,
+                "toolName": "describe_prices",
+                "isError": denied,
+                "result": result,
+                "input": {"candidate": candidate["id"]},
+            }
+            p.emit("tool_result", data, **at)
+    for _, at in runs:
+        p.emit("candidate_step_completed", {"name": "price_estimation", "durationS": 0.01}, **at)
+    for candidate, at in runs:
+        data = {
+            "candidateId": candidate["id"],
+            "label": candidate["label"],
+            "totalMonthlyCost": candidate["totalMonthlyCost"],
+        }
+        p.emit("candidate_completed", data, step=step, candidate=at["candidate"])
+
+
+def _pipe_complete_step(p: PipeRun, step: dict[str, Any], conclusion: dict[str, Any], *, ooo: bool) -> None:
+    """complete_step: tool_started, usage + context_usage, tool_result, step_completed.
+
+    With ``ooo`` the two usage envelopes go out in reverse order and the
+    tool_result exists only in the journal (a gap on the live stream).
+    """
+    name = step["id"]
+    tool_use_id = "call_complete_" + random_hex(12)
+    tool_input = {"conclusion": conclusion}
+    p.emit("tool_started", {"toolUseId": tool_use_id, "toolName": "complete_step", "input": tool_input}, step=step)
+    result = {
+        "toolUseId": tool_use_id,
+        "toolName": "complete_step",
+        "isError": False,
+        "result": f"Step {name.replace('_', ' ').capitalize()} completed. Conclusion submitted.",
+        "input": tool_input,
+        "normalizedConclusion": conclusion,
+    }
+    if ooo:
+        usage = p.event("usage", dict(_PIPE_USAGE), step=step)
+        context_usage = p.event("context_usage", _context_usage(2), step=step)
+        p.event("tool_result", result, step=step)  # journal only
+        p.send(context_usage)
+        p.send(usage)
+    else:
+        with p.batch():
+            p.emit("usage", dict(_PIPE_USAGE), step=step)
+            p.emit("context_usage", _context_usage(2), step=step)
+        p.emit("tool_result", result, step=step)
+    data = {"durationS": 0.05, "conclusionField": PIPELINE_FIELDS[name], "conclusion": conclusion}
+    p.emit("step_completed", data, step=step)
+
+
+def _pipe_fail(p: PipeRun, step: dict[str, Any]) -> None:
+    error_id = random_hex(12)
+    details = {
+        "type": "StepFailed",
+        "errorId": error_id,
+        "traceback": "Stack trace omitted from public event; see error_id.",
+        "step_id": step["id"],
+    }
+    data = {"errorSummary": STEP_FAIL_TEXT, "error": STEP_FAIL_TEXT, "errorDetails": details}
+    p.emit("step_failed", data, status="failed", step=step)
+    p.emit(
+        "pipeline_error",
+        {"error": STEP_FAIL_TEXT, "errorId": error_id, "stepId": step["id"], "recoverable": False},
+        status="failed",
+    )
+    _pipe_finish(p, "failed")
+
+
+def _pipe_finish(p: PipeRun, outcome: str) -> None:
+    """The end pattern of capture 38: two journal-only events, then 21, 23, 22, 24 live."""
+    failed = outcome == "failed"
+    status = "failed" if failed else "completed"
+    terminal = "pipeline_failed" if failed else "pipeline_completed"
+    total = len(PIPELINE_STEPS)
+    terminal_data = (
+        {"totalSteps": total, "failed": True} if failed else {"totalSteps": total, "earlyExit": outcome == "early_exit"}
+    )
+    handoff = {
+        "action": "switch_to_normal",
+        "targetMode": "normal",
+        "outcome": outcome,
+        "summary": _handoff_summary(p.pipe.name, outcome),
+        "cleanup": {
+            "status": "unavailable",
+            "statusMessage": "Cleanup state unavailable. Inspect the session file and cloud resources manually.",
+        },
+    }
+    p.event(terminal, dict(terminal_data), status=status, visibility="pending_backup")
+    p.event("pipeline_handoff_ready", copy.deepcopy(handoff), status=status, visibility="pending_backup")
+    done = p.event(terminal, dict(terminal_data), status=status, visibility="committed")
+    ready = p.event("pipeline_handoff_ready", copy.deepcopy(handoff), status=status, visibility="committed")
+    backups = [
+        p.event(
+            "backup_committed",
+            {
+                "committedEventId": e["eventId"],
+                "committedEventType": e["eventType"],
+                "committedSequence": e["sequence"],
+            },
+            status=status,
+        )
+        for e in (done, ready)
+    ]
+    p.send(done)
+    p.send(backups[0])
+    p.send(ready)
+    p.send(backups[1], close=True)
