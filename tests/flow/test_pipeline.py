@@ -12,10 +12,8 @@ from typing import Any
 import requests
 
 from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
-
-from .conftest import KERNEL_TOKEN, Client, run_body
-from .test_interrupts import resume
-from .test_runs import kernel_calls, session_value
+from tests.support.agui_client import Client, resume, run_body, session_value
+from tests.support.flow import KERNEL_TOKEN, kernel_calls
 
 
 def pipeline_body(text: str, workspace: Path, **kw: Any) -> dict[str, Any]:
