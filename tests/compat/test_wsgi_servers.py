@@ -32,6 +32,7 @@ import requests
 from tests.support.agui_client import run_body
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.flow import KERNEL_TOKEN
+from tests.support.kernel_rpc import rpc
 from tests.support.ports import free_port
 from tests.support.servers import ROOT
 
@@ -224,12 +225,7 @@ def test_disconnect_cancels_the_kernel_task(server: Server, scripted_kernel: Any
         time.sleep(0.05)
     else:
         raise AssertionError(f"{server.kind}: no CancelTask for {task_id} after the disconnect\n{server.log()}")
-    task = requests.post(
-        scripted_kernel.url,
-        json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}},
-        headers={"A2A-Version": "1.0", "Authorization": f"Bearer {KERNEL_TOKEN}"},
-        timeout=5,
-    ).json()
+    task = rpc(scripted_kernel, "GetTask", {"id": task_id}, rid=1).json()
     assert task["result"]["status"]["state"] == "TASK_STATE_CANCELED"
     # the conversation thread is free again
     with _post(server, run_body(thread_id=body["threadId"], cwd=str(server.workspace))) as nxt:
