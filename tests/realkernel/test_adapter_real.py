@@ -18,11 +18,9 @@ import base64
 import json
 import os
 import socket
-import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import pytest
 from tests.support.agui_client import Client, RunResult, resume, run_body, session_value
 from tests.support.agui_stream import RECORDER, check_stream, parse_sse
 from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
+from tests.support.images import tiny_png
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
 from tests.support.servers import AdapterProcess
 
@@ -227,15 +226,6 @@ class LiveStream:
         check_stream(events)
         RECORDER.record(self.body["threadId"], self.raw)
         return events
-
-
-def tiny_png() -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))
-    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 # ============================================================================ 1-2: turns
