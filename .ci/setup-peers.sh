@@ -2,7 +2,7 @@
 # Installs the peers the slow test suites need, only when missing (idempotent):
 #   * the real iac-code 0.16.0 kernel in a venv     (tests/realkernel, marker realkernel)
 #       $AGUI_IAC_CODE_VENV, default ~/.cache/agui-adapter/iac-code-0.16.0
-#   * the official AG-UI TS client @ag-ui/client 1.0.0 (tests/agui_check, marker official_client)
+#   * the official AG-UI TS client @ag-ui/client 1.0.0 (tests/support/agui_check, marker official_client)
 #       $AGUI_NODE_MODULES, default ~/.cache/agui-adapter/node/node_modules
 # The a2a-sdk pin is required: iac-code 0.16.0 resolves a2a-sdk 1.3.0, with which the
 # kernel dies at start-up (ImportError: encode_page_token).

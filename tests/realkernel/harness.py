@@ -27,7 +27,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,7 +37,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..fake_llm import FakeLLM, read_log
+from tests.support.fake_llm import FakeLLM, read_log
+from tests.support.ports import free_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -66,13 +66,6 @@ def find_kernel_venv() -> Path | None:
     raw = os.environ.get(VENV_ENV) or str(DEFAULT_VENV)
     venv = Path(raw).expanduser()
     return venv if (venv / "bin" / "iac-code").exists() else None
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tail(path: Path, lines: int = 40) -> str:

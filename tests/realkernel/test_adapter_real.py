@@ -1,11 +1,12 @@
 """The adapter end to end: ``python run.py`` in front of the real iac-code 0.16.0 kernel.
 
-Every scenario drives the adapter as a separate process (``tests.conftest.AdapterProcess``)
-against one real kernel + fake LLM per module (``real_kernel``). Every AG-UI stream is read
-through ``tests.conftest.Client`` (or, for streams cut short on purpose, checked the same
-way by hand), so it is validated by ``check_stream`` and recorded for the official client
-when ``AGUI_STREAM_DIR`` is set. Assertions are on facts: the fake LLM's request log, the
-files in the workspace, and the kernel's own ``GetTask``.
+Every scenario drives the adapter as a separate process (``AdapterProcess`` of
+``tests/support/servers.py``) against one real kernel + fake LLM per module (``real_kernel``).
+Every AG-UI stream is read through ``Client`` of ``tests/support/agui_client.py`` (or, for
+streams cut short on purpose, checked the same way by hand), so it is validated by
+``check_stream`` and recorded for the official client when ``AGUI_STREAM_DIR`` is set.
+Assertions are on facts: the fake LLM's request log, the files in the workspace, and the
+kernel's own ``GetTask``.
 
 Each test uses its own threadId and its own workspace under the kernel's workdir; a
 per-test tag in the prompt picks that test's requests out of the shared LLM log.
@@ -17,20 +18,22 @@ import base64
 import json
 import os
 import socket
-import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..agui_stream import check_stream, parse_sse
-from ..conftest import ADAPTER_LOGS, RECORDER, STATE_DIRS, AdapterProcess, Client, RunResult, run_body
-from ..fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
+from tests.support.agui_client import Client, RunResult, resume, run_body, session_value
+from tests.support.agui_stream import RECORDER, check_stream, parse_sse
+from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
+from tests.support.images import tiny_png
+from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
+from tests.support.servers import AdapterProcess
+
 from .harness import RealKernel
 
 HEARTBEAT = "0.5"
@@ -124,11 +127,6 @@ def thread_id(name: str) -> str:
     return f"rk-{name}-{uuid.uuid4().hex[:10]}"
 
 
-def session_value(result: RunResult) -> dict[str, Any]:
-    [event] = [e for e in result.of("CUSTOM") if e["name"] == "iac-code.session.v1"]
-    return dict(event["value"])
-
-
 def llm_log(kernel: RealKernel, tag: str) -> list[dict[str, Any]]:
     """The fake LLM's requests whose conversation contains ``tag``."""
     return [r for r in kernel.llm_requests() if any(tag in message_text(m) for m in r["messages"])]
@@ -184,13 +182,6 @@ def interrupted(
     return body, result
 
 
-def resume_body(body: dict, answers: list[dict], **props: Any) -> dict:
-    iac = body["forwardedProps"]["iacCode"]
-    return run_body(
-        None, thread_id=body["threadId"], cwd=iac["cwd"], ros=iac["rosInvocationId"], resume=answers, **props
-    )
-
-
 def allow(interrupt: dict, decision: str = "allow_once") -> list[dict]:
     return [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": decision}}]
 
@@ -235,15 +226,6 @@ class LiveStream:
         check_stream(events)
         RECORDER.record(self.body["threadId"], self.raw)
         return events
-
-
-def tiny_png() -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))
-    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 # ============================================================================ 1-2: turns
@@ -311,7 +293,7 @@ def test_permission_interrupt_then_allow(client: Client, real_kernel: RealKernel
     assert not (ws / WRITE_PATH).exists()
     assert behaviours(real_kernel, tag) == ["write"]
 
-    resumed = client.run(resume_body(body, allow(interrupt), **secret_props("allow-resume")))
+    resumed = client.run(resume(body, allow(interrupt), **secret_props("allow-resume")))
     assert resumed.terminal["type"] == "RUN_FINISHED", resumed.terminal
     assert resumed.terminal["outcome"] == {"type": "success"}
     assert resumed.events[0]["runId"] != body["runId"]
@@ -343,7 +325,7 @@ def test_deny_and_cancelled_write_nothing(
 ) -> None:
     body, result = interrupted(client, ws, tag)
     [interrupt] = result.terminal["outcome"]["interrupts"]
-    resumed = client.run(resume_body(body, [{"interruptId": interrupt["id"], **answer}]))
+    resumed = client.run(resume(body, [{"interruptId": interrupt["id"], **answer}]))
     assert resumed.terminal["type"] == "RUN_FINISHED", resumed.terminal
     assert resumed.terminal["outcome"] == {"type": "success"}
     [tool_result] = resumed.of("TOOL_CALL_RESULT")
@@ -376,7 +358,7 @@ def test_bad_answers_then_a_good_retry(client: Client, real_kernel: RealKernel, 
         ),
     ]
     for answers, code in cases:
-        failed = client.run(resume_body(body, answers))
+        failed = client.run(resume(body, answers))
         assert failed.status == 200, failed.error
         assert failed.types() == ["RUN_STARTED", "RUN_ERROR"], (answers, failed.types())
         assert failed.terminal["code"] == code, (answers, failed.terminal)
@@ -384,7 +366,7 @@ def test_bad_answers_then_a_good_retry(client: Client, real_kernel: RealKernel, 
     task_id = session_value(result)["taskId"]
     assert task_state(real_kernel, task_id) == "TASK_STATE_INPUT_REQUIRED"
     assert behaviours(real_kernel, tag) == ["write"]
-    ok = client.run(resume_body(body, allow(interrupt)))
+    ok = client.run(resume(body, allow(interrupt)))
     assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
     assert ok.terminal["outcome"] == {"type": "success"}
     assert (ws / WRITE_PATH).read_text() == WRITE_CONTENT
@@ -394,11 +376,11 @@ def test_bad_answers_then_a_good_retry(client: Client, real_kernel: RealKernel, 
 def test_duplicate_accepted_resume_is_refused(client: Client, real_kernel: RealKernel, ws: Path, tag: str) -> None:
     body, result = interrupted(client, ws, tag)
     [interrupt] = result.terminal["outcome"]["interrupts"]
-    first = client.run(resume_body(body, allow(interrupt)))
+    first = client.run(resume(body, allow(interrupt)))
     assert first.terminal["type"] == "RUN_FINISHED", first.terminal
     assert (ws / WRITE_PATH).read_text() == WRITE_CONTENT
     (ws / WRITE_PATH).unlink()
-    again = client.run(resume_body(body, allow(interrupt)))  # same answers, new runId
+    again = client.run(resume(body, allow(interrupt)))  # same answers, new runId
     assert again.events[0]["runId"] != first.events[0]["runId"]
     assert again.types() == ["RUN_STARTED", "RUN_ERROR"], again.types()
     assert again.terminal["code"] == "RESUME_ALREADY_APPLIED"
@@ -439,7 +421,7 @@ def test_resume_after_adapter_kill(adapters: Adapters, real_kernel: RealKernel, 
     first_proc.kill()  # SIGKILL
     assert first_proc.proc is not None and first_proc.proc.returncode == -9
     second_proc = adapters.start()
-    ok = Client(second_proc.url).run(resume_body(body, allow(interrupt)))
+    ok = Client(second_proc.url).run(resume(body, allow(interrupt)))
     assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
     assert ok.terminal["outcome"] == {"type": "success"}
     [tool_result] = ok.of("TOOL_CALL_RESULT")
@@ -457,7 +439,7 @@ def test_expired_interrupt(adapters: Adapters, real_kernel: RealKernel, ws: Path
     [interrupt] = result.terminal["outcome"]["interrupts"]
     task_id = session_value(result)["taskId"]
     time.sleep(1.3)
-    late = client.run(resume_body(body, allow(interrupt)))
+    late = client.run(resume(body, allow(interrupt)))
     assert late.types() == ["RUN_STARTED", "RUN_ERROR"], late.types()
     assert late.terminal["code"] == "EXECUTION_EXPIRED"
     assert interrupt["expiresAt"] in late.terminal["message"]
@@ -466,7 +448,7 @@ def test_expired_interrupt(adapters: Adapters, real_kernel: RealKernel, ws: Path
     assert task_state(real_kernel, task_id) == "TASK_STATE_CANCELED"
     assert not (ws / WRITE_PATH).exists()
     assert behaviours(real_kernel, tag) == ["write"]
-    again = client.run(resume_body(body, allow(interrupt)))
+    again = client.run(resume(body, allow(interrupt)))
     assert again.terminal["code"] == "EXECUTION_LOST"
     fresh = client.run(run_body(f"Say hello {tag}", thread_id=body["threadId"], cwd=str(ws), ros="inv-new"))
     assert fresh.terminal["type"] == "RUN_FINISHED", fresh.terminal
@@ -506,7 +488,7 @@ def test_cancel_endpoint_during_a_pending_interrupt(
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"executionId": session["executionId"], "status": "cancelled"}
     assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_CANCELED"
-    late = client.run(resume_body(body, allow(interrupt)))
+    late = client.run(resume(body, allow(interrupt)))
     assert late.types() == ["RUN_STARTED", "RUN_ERROR"], late.types()
     assert late.terminal["code"] == "EXECUTION_LOST"
     assert not (ws / WRITE_PATH).exists()
@@ -592,7 +574,7 @@ def test_new_turn_while_interrupt_pending(client: Client, ws: Path, tag: str) ->
     assert refused.status == 409 and refused.error is not None
     assert refused.error["code"] == "RESUME_REQUIRED"
     [interrupt] = result.terminal["outcome"]["interrupts"]
-    ok = client.run(resume_body(body, allow(interrupt, "deny")))
+    ok = client.run(resume(body, allow(interrupt, "deny")))
     assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
 
 
@@ -638,7 +620,7 @@ def test_state_files_hold_no_secrets(adapters: Adapters, client: Client, ws: Pat
     body, result = interrupted(client, ws, tag, **secret_props("last"))
     [interrupt] = result.terminal["outcome"]["interrupts"]
     assert_no_secrets(adapters.state_dir)  # while the interrupt is pending
-    ok = client.run(resume_body(body, allow(interrupt), **secret_props("last-resume")))
+    ok = client.run(resume(body, allow(interrupt), **secret_props("last-resume")))
     assert ok.terminal["type"] == "RUN_FINISHED", ok.terminal
     assert len(SECRETS) >= 18  # several requests of this module sent secrets
     assert_no_secrets(adapters.state_dir)
@@ -657,7 +639,7 @@ def assert_no_secrets(state_dir: Path) -> None:
 def test_pipeline_question_answered_by_option_runs_to_its_end(
     client: Client, ws: Path, real_kernel: RealKernel, tag: str
 ) -> None:
-    from ..agui_check.official import check_streams, require_official_client
+    from tests.support.agui_check.official import check_streams, require_official_client
 
     body = run_body(
         f"[PIPE-ASK] I want a small website on Alibaba Cloud. {tag}",

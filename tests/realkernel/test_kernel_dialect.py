@@ -9,11 +9,11 @@ image parts, the pipeline question interrupt and persistence across a kernel res
 from __future__ import annotations
 
 import base64
-import struct
 import time
 import uuid
-import zlib
 from typing import Any
+
+from tests.support.images import tiny_png
 
 from .harness import (
     RealKernel,
@@ -38,15 +38,6 @@ def _delta_text(updates: list[dict[str, Any]], task_id: str) -> str:
     return "".join(
         message_texts(u) for u in updates if ((u["status"].get("message") or {}).get("messageId")) == delta_id
     )
-
-
-def _tiny_png() -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))
-    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 def test_text_turn_ends_input_required_with_final_repeat(
@@ -160,7 +151,7 @@ def test_image_part_reaches_the_llm(real_kernel: RealKernel) -> None:
     parts = [
         {"text": "[IMAGE] what is this?"},
         {
-            "raw": base64.b64encode(_tiny_png()).decode(),
+            "raw": base64.b64encode(tiny_png()).decode(),
             "mediaType": "image/png",
             "filename": "dot.png",
         },

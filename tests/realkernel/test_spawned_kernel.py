@@ -12,7 +12,9 @@ from pathlib import Path
 
 import requests
 
-from ..conftest import ROOT, Client, run_body, wait_until_unreachable
+from tests.support.agui_client import Client, run_body
+from tests.support.servers import ROOT, wait_until_unreachable
+
 from .harness import RealKernel
 
 

@@ -25,7 +25,7 @@ Every POST is appended to the log file as one JSON line
 assert how often the LLM ran and what it saw.
 
 Use it as a library (``FakeLLM(log_path).start() -> base_url``, ``.stop()``) or run it:
-``python tests/fake_llm.py PORT [LOG_PATH]`` prints the base URL and serves until Ctrl-C
+``python tests/support/fake_llm.py PORT [LOG_PATH]`` prints the base URL and serves until Ctrl-C
 (the log path defaults to env ``FAKE_LLM_LOG`` or ``fake-llm-requests.jsonl`` in the temp dir).
 """
 
@@ -445,7 +445,7 @@ def read_log(log_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    """``python tests/fake_llm.py [PORT] [LOG_PATH]``: serve until interrupted."""
+    """``python tests/support/fake_llm.py [PORT] [LOG_PATH]``: serve until interrupted."""
     port = int(argv[1]) if len(argv) > 1 else 0
     default_log = os.environ.get("FAKE_LLM_LOG") or str(Path(tempfile.gettempdir()) / "fake-llm-requests.jsonl")
     log_path = argv[2] if len(argv) > 2 else default_log

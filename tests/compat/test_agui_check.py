@@ -1,4 +1,4 @@
-"""The official-client checker (``tests/agui_check``) against known-good and known-bad captures.
+"""The official-client checker (``tests/support/agui_check``) against known-good and known-bad captures.
 
 The checker must accept valid AG-UI 1.0 streams (including an interrupt followed by its
 resume run, and a run that ends in RUN_ERROR) and reject each broken capture for the right
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from .agui_check.official import check_files, check_streams, require_official_client
+from tests.support.agui_check.official import check_files, check_streams, require_official_client
 
 pytestmark = pytest.mark.official_client
 
-DATA = Path(__file__).resolve().parent / "data" / "agui"
+DATA = Path(__file__).resolve().parents[1] / "data" / "agui"
 
 
 @pytest.fixture(autouse=True)

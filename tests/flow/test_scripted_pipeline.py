@@ -8,7 +8,6 @@ not read at test time.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -19,9 +18,24 @@ import pytest
 import requests
 
 from agui_adapter.kernel import ScriptedKernel
+from tests.support.kernel_rpc import (
+    a2a_headers,
+    frames,
+    iac,
+    journal,
+    kind,
+    message,
+    new_ctx,
+    open_stream,
+    pipeline_state,
+    rpc,
+    rpc_error,
+    state,
+    update,
+)
 
 TOKEN = "pipe-token"
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
+HEADERS = a2a_headers(TOKEN)
 URI = "urn:iac-code:a2a:pipeline-events:v1"
 STEPS = ["intent_parsing", "architecture_planning", "evaluate_candidates", "confirm_and_select", "deploying"]
 STEP_EVENTS = [
@@ -69,84 +83,6 @@ def kernel() -> Iterator[ScriptedKernel]:
         yield k
 
 
-def rpc(
-    kernel: ScriptedKernel, method: str, params: dict[str, Any], *, rid: Any = "req-1", stream: bool = False
-) -> requests.Response:
-    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-    return requests.post(kernel.url, json=body, headers=HEADERS, stream=stream, timeout=10)
-
-
-def message(
-    text: str | None = None,
-    *,
-    context_id: str | None = None,
-    task_id: str | None = None,
-    parts: list[dict[str, Any]] | None = None,
-    **iac: Any,
-) -> dict[str, Any]:
-    msg: dict[str, Any] = {
-        "messageId": "msg-" + uuid.uuid4().hex[:8],
-        "role": "ROLE_USER",
-        "parts": parts if parts is not None else [{"text": text}],
-    }
-    if context_id:
-        msg["contextId"] = context_id
-    if task_id:
-        msg["taskId"] = task_id
-    if iac:
-        msg["metadata"] = {"iac_code": iac}
-    return {"message": msg, "configuration": {"acceptedOutputModes": ["text/plain"]}}
-
-
-def new_ctx() -> str:
-    return "ctx-pipe-" + uuid.uuid4().hex[:10]
-
-
-class SSE:
-    """Incremental SSE reader yielding JSON frames."""
-
-    def __init__(self, response: requests.Response) -> None:
-        assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8", response.text
-        self.response = response
-        self._chunks = response.iter_content(chunk_size=None)
-        self._buffer = b""
-
-    def __iter__(self) -> SSE:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end >= 0:
-                block, self._buffer = self._buffer[:end].decode("utf-8"), self._buffer[end + 2 :]
-                if block.startswith(":"):
-                    continue
-                assert block.startswith("data: "), block
-                return json.loads(block[len("data: ") :])
-            self._buffer += next(self._chunks)
-
-
-def frames(response: requests.Response) -> list[dict[str, Any]]:
-    return list(SSE(response))
-
-
-def kind(frame: dict[str, Any]) -> str:
-    (key,) = frame["result"].keys()
-    return key
-
-
-def update(frame: dict[str, Any]) -> dict[str, Any]:
-    return frame["result"]["statusUpdate"]
-
-
-def state(frame: dict[str, Any]) -> str:
-    return update(frame)["status"]["state"]
-
-
-def iac(frame: dict[str, Any]) -> dict[str, Any]:
-    return update(frame).get("metadata", {}).get("iac_code", {})
-
-
 def envelopes(frame: dict[str, Any]) -> list[dict[str, Any]]:
     if kind(frame) != "statusUpdate":
         return []
@@ -169,14 +105,8 @@ def of_type(envs: list[dict[str, Any]], event_type: str) -> list[dict[str, Any]]
     return [e for e in envs if e["eventType"] == event_type]
 
 
-def rpc_error(response: requests.Response) -> dict[str, Any]:
-    assert response.status_code == 200
-    assert response.headers["Content-Type"] == "application/json"
-    return response.json()["error"]
-
-
 def start(kernel: ScriptedKernel, text: str, ctx: str | None = None, **iac_meta: Any) -> tuple[list[dict], str, str]:
-    ctx = ctx or new_ctx()
+    ctx = ctx or new_ctx("ctx-pipe-")
     iac_meta.setdefault("run_mode", "pipeline")
     got = frames(rpc(kernel, "SendStreamingMessage", message(text, context_id=ctx, **iac_meta), stream=True))
     assert kind(got[0]) == "task"
@@ -186,16 +116,6 @@ def start(kernel: ScriptedKernel, text: str, ctx: str | None = None, **iac_meta:
 def answer(kernel: ScriptedKernel, ctx: str, task_id: str, text: str) -> list[dict[str, Any]]:
     params = message(text, context_id=ctx, task_id=task_id, run_mode="pipeline", pipeline_name="selling")
     return frames(rpc(kernel, "SendStreamingMessage", params, stream=True))
-
-
-def pipeline_state(kernel: ScriptedKernel, **params: Any) -> requests.Response:
-    return requests.get(kernel.url + "iac-code/pipeline/state", params=params, headers=HEADERS, timeout=5)
-
-
-def journal(kernel: ScriptedKernel, task_id: str, after: int = 0) -> list[dict[str, Any]]:
-    response = pipeline_state(kernel, taskId=task_id, afterSequence=after, includeSnapshot="false")
-    assert response.status_code == 200
-    return response.json()["events"]
 
 
 def get_task(kernel: ScriptedKernel, task_id: str) -> dict[str, Any]:
@@ -336,7 +256,7 @@ def test_journal_is_live_plus_journal_only_and_after_sequence_filters(kernel: Sc
         assert bad.json() == {"error": "afterSequence must be a non-negative integer."}
     unknown = pipeline_state(kernel, taskId=str(uuid.uuid4()))
     assert (unknown.status_code, unknown.json()) == (404, {"error": "A2A pipeline state not found"})
-    mismatch = pipeline_state(kernel, taskId=task_id, contextId=new_ctx())
+    mismatch = pipeline_state(kernel, taskId=task_id, contextId=new_ctx("ctx-pipe-"))
     assert mismatch.status_code == 404
 
 
@@ -633,7 +553,7 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
     ).json()["result"]["task"]
     assert second["id"] == task_id and second["status"]["state"] == "TASK_STATE_WORKING"
     assert "pendingPermissions" not in second["metadata"]["iac_code"]
-    sub = SSE(rpc(kernel, "SubscribeToTask", {"id": task_id}, rid="req-sub", stream=True))
+    sub = open_stream(rpc(kernel, "SubscribeToTask", {"id": task_id}, rid="req-sub", stream=True))
     head = next(sub)
     assert head["id"] == "req-sub" and head["result"]["task"]["status"]["state"] == "TASK_STATE_WORKING"
     rest = list(sub)
@@ -836,9 +756,9 @@ def test_pipe_ooo_gaps_are_filled_from_the_journal(kernel: ScriptedKernel) -> No
 
 def test_pipe_slow_survives_disconnect_and_subscribe_continues() -> None:
     with ScriptedKernel(TOKEN, delay_scale=0.2) as slow:
-        ctx = new_ctx()
+        ctx = new_ctx("ctx-pipe-")
         params = message("[PIPE-SLOW] take your time", context_id=ctx, run_mode="pipeline")
-        reader = SSE(rpc(slow, "SendStreamingMessage", params, stream=True))
+        reader = open_stream(rpc(slow, "SendStreamingMessage", params, stream=True))
         task_id = next(reader)["result"]["task"]["id"]
         seen: list[dict[str, Any]] = []
         for frame in reader:
@@ -846,7 +766,7 @@ def test_pipe_slow_survives_disconnect_and_subscribe_continues() -> None:
             if seen[-1]["eventType"] == "step_completed":
                 break
         reader.response.close()
-        sub = SSE(rpc(slow, "SubscribeToTask", {"id": task_id}, stream=True))
+        sub = open_stream(rpc(slow, "SubscribeToTask", {"id": task_id}, stream=True))
         head = next(sub)
         assert head["result"]["task"]["id"] == task_id
         assert head["result"]["task"]["status"]["state"] == "TASK_STATE_WORKING"
@@ -879,8 +799,8 @@ def test_answer_after_fresh_connection_restart_realism(kernel: ScriptedKernel) -
 
 def test_cancel_running_pipeline() -> None:
     with ScriptedKernel(TOKEN, delay_scale=0.2) as slow:
-        params = message("[PIPE-SLOW] cancel me", context_id=new_ctx(), run_mode="pipeline")
-        reader = SSE(rpc(slow, "SendStreamingMessage", params, stream=True))
+        params = message("[PIPE-SLOW] cancel me", context_id=new_ctx("ctx-pipe-"), run_mode="pipeline")
+        reader = open_stream(rpc(slow, "SendStreamingMessage", params, stream=True))
         task_id = next(reader)["result"]["task"]["id"]
         assert envelopes(next(reader))[0]["eventType"] == "pipeline_started"
         canceled = rpc(slow, "CancelTask", {"id": task_id}).json()["result"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from .agui_check.official import check_files, check_streams, require_official_client
-from .conftest import run_body
-from .test_interrupts import interrupted, resume
+from tests.support.agui_check.official import check_files, check_streams, require_official_client
+from tests.support.agui_client import resume, run_body
+from tests.support.flow import interrupted
 
 pytestmark = pytest.mark.official_client
 

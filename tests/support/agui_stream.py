@@ -5,7 +5,8 @@ only, ``data:`` frames of one JSON object). ``check_stream`` validates every eve
 against the ``ag-ui-protocol`` 1.0 models, rejects unknown fields and ``null`` in
 optional fields, and replays the lifecycle rules of the official client's
 ``verifyEvents`` (first event, balanced spans, one terminal event, nothing after it),
-plus the adapter's own promise that no id is reused within a run.
+plus the adapter's own promise that no id is reused within a run. ``RECORDER`` keeps every
+stream a test read in ``AGUI_STREAM_DIR`` (when set), for the official client's replay.
 """
 
 from __future__ import annotations
@@ -125,3 +126,6 @@ class StreamRecorder:
         group = self.directory / f"{os.getpid()}-{abs(hash(thread_id)) % 10**12:012d}"
         group.mkdir(parents=True, exist_ok=True)
         (group / f"{self.count:06d}.sse").write_bytes(raw)
+
+
+RECORDER = StreamRecorder(os.environ.get("AGUI_STREAM_DIR"))

@@ -7,7 +7,7 @@ buffered to the end), heartbeats flow while the kernel is silent, and a client t
 drops the socket gets its kernel task cancelled (see the conformance notes on SSE
 under WSGI servers: flushing, and a disconnect is only noticed when a write fails).
 
-Run with ``pytest -m wsgi_servers tests/test_wsgi_servers.py``.
+Run with ``pytest -m wsgi_servers tests/compat/test_wsgi_servers.py``.
 """
 
 from __future__ import annotations
@@ -29,21 +29,18 @@ from typing import Any
 import pytest
 import requests
 
-from .agui_stream import check_stream, parse_sse
-from .conftest import KERNEL_TOKEN, run_body
+from tests.support.agui_client import run_body
+from tests.support.agui_stream import check_stream, parse_sse
+from tests.support.flow import KERNEL_TOKEN
+from tests.support.kernel_rpc import rpc
+from tests.support.ports import free_port
+from tests.support.servers import ROOT
 
 pytestmark = pytest.mark.wsgi_servers
 
-ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT = 0.3
 APP = "agui_adapter.wsgi:application"
 SERVERS = ("werkzeug", "gunicorn", "waitress")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _command(kind: str, port: int) -> list[str]:
@@ -123,7 +120,7 @@ def server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterato
             "PYTHONUNBUFFERED": "1",
         }
     )
-    port = _free_port()
+    port = free_port()
     log_path = base / "server.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(_command(kind, port), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -228,12 +225,7 @@ def test_disconnect_cancels_the_kernel_task(server: Server, scripted_kernel: Any
         time.sleep(0.05)
     else:
         raise AssertionError(f"{server.kind}: no CancelTask for {task_id} after the disconnect\n{server.log()}")
-    task = requests.post(
-        scripted_kernel.url,
-        json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}},
-        headers={"A2A-Version": "1.0", "Authorization": f"Bearer {KERNEL_TOKEN}"},
-        timeout=5,
-    ).json()
+    task = rpc(scripted_kernel, "GetTask", {"id": task_id}, rid=1).json()
     assert task["result"]["status"]["state"] == "TASK_STATE_CANCELED"
     # the conversation thread is free again
     with _post(server, run_body(thread_id=body["threadId"], cwd=str(server.workspace))) as nxt:

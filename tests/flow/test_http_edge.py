@@ -9,7 +9,7 @@ from typing import Any
 
 import requests
 
-from .conftest import Client, run_body
+from tests.support.agui_client import Client, run_body
 
 
 def test_health_is_cheap_and_describes_the_protocol(adapter: Any) -> None:
@@ -25,7 +25,7 @@ def test_ready_reflects_the_kernel(make_adapter: Any, scripted_kernel: Any) -> N
     adapter = make_adapter()
     assert requests.get(adapter.url + "ready", timeout=5).status_code == 200
     from agui_adapter.kernels import KernelProcess, free_port
-    from tests.conftest import InProcessAdapter
+    from tests.support.servers import InProcessAdapter
 
     dead = InProcessAdapter(adapter.settings, KernelProcess(f"http://127.0.0.1:{free_port()}/", "x", "dead"))
     try:

@@ -12,8 +12,6 @@ import pytest
 from agui_adapter.record import PendingInterrupt
 from agui_adapter.store import Execution, StoreError, ThreadRecord, ThreadStore, thread_key
 
-from .conftest import Client, run_body
-
 
 def record(thread_id: str = "t-1") -> ThreadRecord:
     return ThreadRecord(
@@ -113,38 +111,3 @@ def test_run_lock_holds_across_processes_and_dies_with_them(tmp_path: Path) -> N
     assert store.try_lock_run("t-1") is None  # and in one process too
     lock.release()
     assert store.try_lock_run("t-1") is not None
-
-
-def test_corrupt_state_is_503(client: Client, workspace: Path, tmp_path: Path) -> None:
-    body = run_body(cwd=str(workspace), thread_id="thread-corrupt")
-    assert client.run(body).status == 200
-    (tmp_path / "state" / "threads" / "thread-corrupt.json").write_text("garbage")
-    result = client.run(run_body(cwd=str(workspace), thread_id="thread-corrupt"))
-    assert result.status == 503 and result.error["code"] == "STATE_UNAVAILABLE"
-
-
-def test_two_adapter_processes_share_one_state_dir(adapter_process, workspace: Path) -> None:  # type: ignore[no-untyped-def]
-    import threading
-
-    import requests
-
-    one, two = adapter_process(), adapter_process()
-    thread = "thread-two-procs"
-    statuses: list[int] = []
-
-    def go(url: str, i: int) -> None:
-        body = run_body("[SLOW]", thread_id=thread, cwd=str(workspace), run_id=f"r{i}")
-        with requests.post(url, json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30) as r:
-            statuses.append(r.status_code)
-            for _ in r.iter_content(None):
-                pass
-
-    workers = [threading.Thread(target=go, args=(u, i)) for i, u in enumerate([one.url, two.url] * 3)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert sorted(statuses) == [200, 409, 409, 409, 409, 409]
-    # the winner's record is visible to the other process
-    again = Client(two.url).run(run_body(thread_id=thread, cwd=str(workspace)))
-    assert again.status == 200

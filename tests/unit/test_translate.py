@@ -11,10 +11,9 @@ import pytest
 from agui_adapter import interrupts as intr
 from agui_adapter.sse import SSEDecoder
 from agui_adapter.translate import RunTranslator, inspect_frame, normalize_numbers, normalize_state
+from tests.support.agui_stream import check_stream
 
-from .agui_stream import check_stream
-
-DATA = Path(__file__).parent / "data" / "a2a"
+DATA = Path(__file__).parents[1] / "data" / "a2a"
 
 
 def frames(name: str) -> list[Any]:

@@ -12,20 +12,9 @@ from typing import Any
 
 import requests
 
-from .agui_stream import check_stream, parse_sse
-from .conftest import Client, run_body
-
-
-def kernel_calls(kernel: Any, method: str, context_id: str | None = None) -> list[dict]:
-    calls = [r for r in list(kernel.requests) if r["method"] == method]
-    if context_id is not None:
-        calls = [c for c in calls if c["params"].get("message", {}).get("contextId") == context_id]
-    return calls
-
-
-def session_value(result: Any) -> dict[str, Any]:
-    [event] = [e for e in result.of("CUSTOM") if e["name"] == "iac-code.session.v1"]
-    return event["value"]
+from tests.support.agui_client import Client, run_body, session_value
+from tests.support.agui_stream import check_stream, parse_sse
+from tests.support.flow import kernel_calls
 
 
 def test_text_turn(client: Client, workspace: Path) -> None:
@@ -278,7 +267,7 @@ def test_disconnect_cancels_the_kernel_task(make_adapter: Any, workspace: Path, 
 
 def test_kernel_unavailable_mid_admission(make_adapter: Any, workspace: Path) -> None:
     from agui_adapter.kernels import KernelProcess, free_port
-    from tests.conftest import InProcessAdapter
+    from tests.support.servers import InProcessAdapter
 
     base = make_adapter()
     dead = InProcessAdapter(base.settings, KernelProcess(f"http://127.0.0.1:{free_port()}/", "x", "dead"))
@@ -342,8 +331,7 @@ def test_kernel_dies_mid_stream(tmp_path: Path, workspace: Path) -> None:
     from agui_adapter.config import Settings
     from agui_adapter.kernel import ScriptedKernel
     from agui_adapter.kernels import KernelProcess
-
-    from .conftest import InProcessAdapter
+    from tests.support.servers import InProcessAdapter
 
     kernel = ScriptedKernel("t", delay_scale=0.05)
     kernel.start()

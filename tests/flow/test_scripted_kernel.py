@@ -27,10 +27,24 @@ import pytest
 import requests
 
 from agui_adapter.kernel import ScriptedKernel
+from tests.support.kernel_rpc import (
+    SSE,
+    a2a_headers,
+    frames,
+    iac,
+    kind,
+    message,
+    new_ctx,
+    rpc,
+    rpc_error,
+    state,
+    text_of,
+    update,
+)
+from tests.support.servers import ROOT
 
 TOKEN = "test-token"
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
-REPO_ROOT = Path(__file__).resolve().parent.parent
+HEADERS = a2a_headers(TOKEN)
 ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 
 
@@ -43,121 +57,12 @@ def kernel() -> Iterator[ScriptedKernel]:
         yield k
 
 
-def rpc(
-    kernel: ScriptedKernel,
-    method: str,
-    params: dict[str, Any],
-    *,
-    rid: Any = "req-1",
-    headers: dict[str, str] | None = None,
-    stream: bool = False,
-) -> requests.Response:
-    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-    return requests.post(
-        kernel.url,
-        json=body,
-        headers=HEADERS if headers is None else headers,
-        stream=stream,
-        timeout=10,
-    )
-
-
-def message(
-    text: str | None = None,
-    *,
-    context_id: str | None = None,
-    cwd: str | None = None,
-    task_id: str | None = None,
-    parts: list[dict[str, Any]] | None = None,
-    **iac: Any,
-) -> dict[str, Any]:
-    msg: dict[str, Any] = {
-        "messageId": "msg-" + uuid.uuid4().hex[:8],
-        "role": "ROLE_USER",
-        "parts": parts if parts is not None else [{"text": text}],
-    }
-    if context_id:
-        msg["contextId"] = context_id
-    if task_id:
-        msg["taskId"] = task_id
-    if cwd is not None:
-        iac["cwd"] = cwd
-    if iac:
-        msg["metadata"] = {"iac_code": iac}
-    return {"message": msg, "configuration": {"acceptedOutputModes": ["text/plain"]}}
-
-
-def new_ctx() -> str:
-    return "ctx-" + uuid.uuid4().hex[:12]
-
-
-class SSE:
-    """Incremental SSE reader: iterate JSON frames; comments are collected."""
-
-    def __init__(self, response: requests.Response) -> None:
-        self.response = response
-        self.comments: list[str] = []
-        self._chunks = response.iter_content(chunk_size=None)
-        self._buffer = b""
-
-    def __iter__(self) -> SSE:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end >= 0:
-                block, self._buffer = (
-                    self._buffer[:end].decode("utf-8"),
-                    self._buffer[end + 2 :],
-                )
-                if block.startswith(":"):
-                    self.comments.append(block)
-                    continue
-                assert block.startswith("data: "), block
-                return json.loads(block[len("data: ") :])
-            self._buffer += next(self._chunks)
-
-
-def frames(response: requests.Response) -> list[dict[str, Any]]:
-    assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8", response.text
-    return list(SSE(response))
-
-
-def kind(frame: dict[str, Any]) -> str:
-    (key,) = frame["result"].keys()
-    return key
-
-
-def update(frame: dict[str, Any]) -> dict[str, Any]:
-    return frame["result"]["statusUpdate"]
-
-
-def state(frame: dict[str, Any]) -> str:
-    return update(frame)["status"]["state"]
-
-
-def iac(frame: dict[str, Any]) -> dict[str, Any]:
-    return update(frame).get("metadata", {}).get("iac_code", {})
-
-
-def text_of(frame: dict[str, Any]) -> str | None:
-    msg = update(frame)["status"].get("message")
-    return "".join(p["text"] for p in msg["parts"]) if msg else None
-
-
 def delta_texts(all_frames: list[dict[str, Any]], task_id: str) -> list[str]:
     return [
         text_of(f)
         for f in all_frames
         if kind(f) == "statusUpdate" and update(f)["status"].get("message", {}).get("messageId") == f"{task_id}-message"
     ]
-
-
-def rpc_error(response: requests.Response) -> dict[str, Any]:
-    assert response.status_code == 200
-    assert response.headers["Content-Type"] == "application/json"
-    return response.json()["error"]
 
 
 def start_turn(kernel: ScriptedKernel, params: dict[str, Any]) -> tuple[SSE, str]:
@@ -1020,7 +925,7 @@ def test_concurrent_contexts_run_in_parallel(kernel: ScriptedKernel) -> None:
 
 def test_module_entry_point_ready_health_and_sigterm() -> None:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -1037,7 +942,7 @@ def test_module_entry_point_ready_health_and_sigterm() -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=str(REPO_ROOT),
+        cwd=str(ROOT),
     )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 15)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import requests
 
-from .conftest import Client, run_body
-from .test_runs import kernel_calls, session_value
+from tests.support.agui_client import Client, resume, run_body, session_value
+from tests.support.flow import interrupted, kernel_calls
 
 PERMISSION_SCHEMA = {
     "type": "object",
@@ -19,21 +19,6 @@ PERMISSION_SCHEMA = {
     "required": ["decision"],
     "additionalProperties": False,
 }
-
-
-def interrupted(client: Client, workspace: Path, text: str = "[WRITE] make a file", **kw: Any) -> tuple[dict, Any]:
-    body = run_body(text, cwd=str(workspace), **kw)
-    result = client.run(body)
-    assert result.terminal["type"] == "RUN_FINISHED", result.terminal
-    assert result.terminal["outcome"]["type"] == "interrupt"
-    return body, result
-
-
-def resume(body: dict, answers: list[dict], **kw: Any) -> dict:
-    props = body["forwardedProps"]["iacCode"]
-    return run_body(
-        None, thread_id=body["threadId"], cwd=props["cwd"], ros=props["rosInvocationId"], resume=answers, **kw
-    )
 
 
 def test_permission_interrupt_shape(client: Client, workspace: Path) -> None:
@@ -275,7 +260,7 @@ def test_cancel_endpoint(client: Client, workspace: Path, scripted_kernel: Any) 
         assert ok.status_code == 200 and ok.json() == {"executionId": url_id, "status": "cancelled"}
         for chunk in chunks:
             raw += chunk
-    from .agui_stream import check_stream, parse_sse
+    from tests.support.agui_stream import check_stream, parse_sse
 
     events = parse_sse(raw)
     check_stream(events)
@@ -322,7 +307,7 @@ def test_read_only_state_dir_fails_closed(adapter: Any, workspace: Path, tmp_pat
                 raw += chunk
         finally:
             subprocess.run(["chattr", "-i", str(threads)], check=True)
-    from .agui_stream import check_stream, parse_sse
+    from tests.support.agui_stream import check_stream, parse_sse
 
     events = parse_sse(raw)
     check_stream(events)
@@ -352,8 +337,7 @@ def test_session_backup_not_ready_is_retryable(client: Client, workspace: Path, 
 def test_cancel_before_the_kernel_named_its_task(adapter: Any, workspace: Path, scripted_kernel: Any) -> None:
     """Cancelled between admission and the kernel's first frame: the work still stops."""
     from agui_adapter.validation import validate_run_input
-
-    from .agui_stream import check_stream, parse_sse
+    from tests.support.agui_stream import check_stream, parse_sse
 
     engine = adapter.app.engine
     body = run_body("[SLOW]", cwd=str(workspace))

@@ -14,8 +14,8 @@ import requests
 
 from agui_adapter.a2a import check_kernel_url
 from agui_adapter.config import ConfigError, load_settings
-
-from .conftest import ROOT, Client, run_body, wait_until_unreachable
+from tests.support.agui_client import Client, run_body
+from tests.support.servers import ROOT, wait_until_unreachable
 
 
 def test_precedence_flag_env_file_default(tmp_path: Path) -> None:

@@ -12,25 +12,13 @@ from typing import Any
 import requests
 
 from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
-
-from .conftest import KERNEL_TOKEN, Client, run_body
-from .test_interrupts import resume
-from .test_runs import kernel_calls, session_value
+from tests.support.agui_client import Client, resume, run_body, session_value
+from tests.support.flow import kernel_calls
+from tests.support.kernel_rpc import journal
 
 
 def pipeline_body(text: str, workspace: Path, **kw: Any) -> dict[str, Any]:
     return run_body(text, cwd=str(workspace), runMode="pipeline", pipelineName="selling", **kw)
-
-
-def journal(kernel: Any, task_id: str) -> list[dict[str, Any]]:
-    response = requests.get(
-        kernel.url + "iac-code/pipeline/state",
-        params={"taskId": task_id, "afterSequence": 0, "includeSnapshot": "false"},
-        headers={"Authorization": f"Bearer {KERNEL_TOKEN}", "A2A-Version": "1.0"},
-        timeout=10,
-    )
-    assert response.status_code == 200, response.text
-    return response.json()["events"]
 
 
 def customs(results: list[Any]) -> list[dict[str, Any]]:

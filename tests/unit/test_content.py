@@ -5,9 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-import struct
 import sys
-import zlib
 from typing import Any
 
 import pytest
@@ -22,19 +20,9 @@ from agui_adapter.content import (
     latest_user_message,
 )
 from agui_adapter.errors import AguiError
+from tests.support.images import png_bytes
 
 MiB = 1024 * 1024
-
-
-def png_bytes(width: int = 1, height: int = 1) -> bytes:
-    """A real, minimal RGB PNG (all black)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    raw = b"".join(b"\x00" + b"\x00\x00\x00" * width for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 
 
 # 1x1 images as written by common encoders.

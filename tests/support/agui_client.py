@@ -1,0 +1,128 @@
+"""The AG-UI client of the tests: runs over real HTTP, every stream checked and recorded.
+
+``Client.run`` posts a ``RunAgentInput`` and returns a ``RunResult``; an SSE answer is parsed
+and checked against the AG-UI 1.0 models and lifecycle rules (``check_stream``), recorded for
+the official client (``RECORDER``), and the body's secrets are remembered for the session-wide
+secrets check. ``run_body`` builds a ``RunAgentInput`` with ``forwardedProps.iacCode``,
+``resume`` the Resume run that answers a previous run's interrupts, and ``session_value``
+reads the ``iac-code.session.v1`` event of a result.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from tests.support.agui_stream import RECORDER, check_stream, parse_sse
+from tests.support.secrets import remember_secrets
+
+
+@dataclass
+class RunResult:
+    status: int
+    headers: dict[str, str]
+    raw: bytes
+    events: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    @property
+    def terminal(self) -> dict[str, Any]:
+        return self.events[-1]
+
+    def text(self) -> str:
+        return "".join(e["delta"] for e in self.of("TEXT_MESSAGE_CONTENT"))
+
+
+class Client:
+    """A small AG-UI client over real HTTP."""
+
+    def __init__(self, url: str, token: str | None = None) -> None:
+        self.url = url.rstrip("/") + "/"
+        self.token = token
+        self.session = requests.Session()
+        self.session.trust_env = False
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        headers.update(extra or {})
+        return headers
+
+    def run(
+        self, body: dict[str, Any] | bytes, *, headers: dict[str, str] | None = None, check: bool = True
+    ) -> RunResult:
+        remember_secrets(body)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = self.session.post(self.url, data=data, headers=self.headers(headers), timeout=60)
+        result = RunResult(response.status_code, dict(response.headers), response.content)
+        if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+            result.events = parse_sse(response.content)
+            if check:
+                check_stream(result.events)
+            thread = body.get("threadId", "") if isinstance(body, dict) else ""
+            RECORDER.record(str(thread), response.content)
+        else:
+            try:
+                result.error = response.json().get("error")
+            except ValueError:
+                result.error = None
+        return result
+
+    def cancel(self, execution_id: str, body: dict[str, Any]) -> requests.Response:
+        return self.session.post(
+            f"{self.url}extensions/iac-code/v1/executions/{execution_id}/cancel",
+            data=json.dumps(body),
+            headers=self.headers(),
+            timeout=30,
+        )
+
+
+def run_body(
+    text: str | None = "hello",
+    *,
+    thread_id: str | None = None,
+    run_id: str | None = None,
+    cwd: str,
+    ros: str = "inv-1",
+    resume: list[dict[str, Any]] | None = None,
+    **props: Any,
+) -> dict[str, Any]:
+    iac: dict[str, Any] = {"schemaVersion": 1, "rosInvocationId": ros, "cwd": cwd}
+    iac.update(props)
+    body: dict[str, Any] = {
+        "threadId": thread_id or f"thread-{uuid.uuid4().hex[:12]}",
+        "runId": run_id or f"run-{uuid.uuid4().hex[:12]}",
+        "state": {},
+        "messages": [] if text is None else [{"id": f"m-{uuid.uuid4().hex[:8]}", "role": "user", "content": text}],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {"iacCode": iac},
+    }
+    if resume is not None:
+        body["resume"] = resume
+    return body
+
+
+def resume(body: dict, answers: list[dict], **kw: Any) -> dict:
+    """The Resume run of ``body``'s thread (same cwd and rosInvocationId) with ``answers``."""
+    props = body["forwardedProps"]["iacCode"]
+    return run_body(
+        None, thread_id=body["threadId"], cwd=props["cwd"], ros=props["rosInvocationId"], resume=answers, **kw
+    )
+
+
+def session_value(result: RunResult) -> dict[str, Any]:
+    """The value of the run's one ``iac-code.session.v1`` CUSTOM event."""
+    [event] = [e for e in result.of("CUSTOM") if e["name"] == "iac-code.session.v1"]
+    return dict(event["value"])
