@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -169,8 +170,10 @@ def test_cancel_when_known_with_a_full_queue_still_learns_the_task() -> None:
     opener.release.set()
     pump = started(opener)
     opener.stream.push(*[frame(text=str(i)) for i in range(6)])  # more than the queue holds
-    while opener.stream._chunks.qsize():
-        threading.Event().wait(0.01)
+    deadline = time.monotonic() + WAIT
+    while opener.stream._chunks.qsize() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the reader is blocked on the full queue with the 5th chunk
+    assert opener.stream._chunks.qsize() == 1
     called: list[str] = []
     done = threading.Event()
     pump.cancel_when_known(lambda task_id: (called.append(task_id), done.set()))
