@@ -18,6 +18,7 @@ import atexit
 
 from .config import load_settings
 from .kernels import start_kernel
+from .retention import start_retention
 from .server import build_app, configure_logging
 
 _settings = load_settings()
@@ -26,3 +27,6 @@ _kernel = start_kernel(_settings)
 atexit.register(_kernel.stop)
 
 application = build_app(_settings, _kernel)
+# Prunes idle thread records at start-up and hourly when IAC_CODE_AGUI_THREAD_RETENTION_DAYS
+# is set (each worker prunes; the store's locks make that safe).
+_retention = start_retention(_settings)
