@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -274,3 +275,63 @@ def test_stop_falls_back_to_killing_the_group(reaper: list[Watched]) -> None:
     assert time.monotonic() - began < 2.5  # before the supervisor's own grace period ran out
     assert proc.returncode == -signal.SIGKILL
     assert wait_gone([supervisor, *family], 5) == []
+
+
+# --- under gunicorn: one kernel per worker ----------------------------------------------------
+
+
+@pytest.mark.wsgi_servers
+def test_a_gunicorn_worker_killed_takes_its_kernel_along(tmp_path: Path, reaper: list[Watched]) -> None:
+    pytest.importorskip("gunicorn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE_AGUI_")}
+    environ.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH", "")])),
+            "IAC_CODE_AGUI_KERNEL": "scripted",
+            "IAC_CODE_AGUI_STATE_DIR": str(tmp_path / "state"),
+        }
+    )
+    command = [
+        sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "4", "-w", "1",
+        "--graceful-timeout", "5", "-b", f"127.0.0.1:{port}", "agui_adapter.wsgi:application",
+    ]  # fmt: skip
+    log = (tmp_path / "gunicorn.log").open("wb")
+    master = subprocess.Popen(command, cwd=tmp_path, env=environ, stdout=log, stderr=subprocess.STDOUT)
+    reaper.append(Watched(master.pid))
+
+    def worker_kernel(exclude: set[int]) -> tuple[Watched, list[Watched]]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a worker that answers, so its kernel is up
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        while time.monotonic() < deadline:
+            for worker in children(master.pid):
+                if worker in exclude:
+                    continue
+                family = [Watched(pid) for pid in descendants(worker) if _stat(pid)]
+                if any("agui_adapter.kernel" in p.cmdline and "lifeline" not in p.cmdline for p in family):
+                    reaper.extend(family)
+                    return Watched(worker), family
+            time.sleep(0.1)
+        pytest.fail(f"no worker with a kernel: {(tmp_path / 'gunicorn.log').read_text(errors='replace')}")
+
+    try:
+        worker, family = worker_kernel(set())
+        os.kill(worker.pid, signal.SIGKILL)
+        assert wait_gone(family, 10) == []
+        new_worker, new_family = worker_kernel({worker.pid})  # gunicorn starts a new worker, with a kernel
+        master.send_signal(signal.SIGTERM)
+        master.wait(30)
+        assert wait_gone([new_worker, *new_family], 10) == []
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+        log.close()
