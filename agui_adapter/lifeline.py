@@ -46,23 +46,32 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 PR_SET_PDEATHSIG = 1
 _LINUX = sys.platform.startswith("linux")
 
 
-def _set_parent_death_signal(parent: int) -> None:
-    """In the kernel child (preexec): SIGTERM when the supervisor dies (Linux only)."""
+def _parent_death_signal(parent: int) -> Callable[[], None] | None:
+    """A preexec function giving the kernel SIGTERM when the supervisor dies (Linux only).
+
+    libc is loaded here, before the fork; the child only calls ``prctl``.
+    """
+    if not _LINUX:
+        return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the supervisor died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def group_members(pgid: int) -> list[int] | None:
@@ -149,11 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
 
-    me = os.getpid()
     kernel = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
-        preexec_fn=(lambda: _set_parent_death_signal(me)) if _LINUX else None,  # noqa: PLW1509 - single-threaded
+        preexec_fn=_parent_death_signal(os.getpid()),  # safe: the supervisor is single-threaded
     )
     lifeline = sys.stdin.fileno()
     watched = [lifeline, wake_read]

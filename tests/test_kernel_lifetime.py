@@ -277,6 +277,16 @@ def test_stop_falls_back_to_killing_the_group(reaper: list[Watched]) -> None:
     assert wait_gone([supervisor, *family], 5) == []
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_kernel_whose_supervisor_is_killed_alone_gets_sigterm(reaper: list[Watched]) -> None:
+    proc = spawn_kernel([sys.executable, "-c", "import time; time.sleep(300)"], dict(os.environ))
+    reaper.append(Watched(proc.pid))
+    family = _family_of(proc, 1, reaper)
+    os.kill(proc.pid, signal.SIGKILL)  # the supervisor only, not the group
+    assert proc.wait(10) == -signal.SIGKILL
+    assert wait_gone(family, 5) == []
+
+
 # --- under gunicorn: one kernel per worker ----------------------------------------------------
 
 
