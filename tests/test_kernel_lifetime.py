@@ -287,6 +287,28 @@ def test_a_kernel_whose_supervisor_is_killed_alone_gets_sigterm(reaper: list[Wat
     assert wait_gone(family, 5) == []
 
 
+def test_stop_in_a_forked_child_leaves_the_parents_kernel_alone(tmp_path: Path) -> None:
+    """gunicorn --preload: workers forked from the process that started the kernel must not stop it."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, sys\n"
+        "from agui_adapter.kernels import KernelProcess, spawn_kernel\n"
+        "kernel = KernelProcess('u', 't', 'x', spawn_kernel(['sleep', '300'], dict(os.environ)))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    kernel.stop()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "alive_after_child = kernel.process.poll() is None\n"
+        "kernel.stop()\n"
+        "print(alive_after_child, kernel.process is None)\n"
+    )
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, str(script)], env=environ, capture_output=True, timeout=60)
+    assert result.stdout.split() == [b"True", b"True"], result.stderr.decode(errors="replace")
+
+
 # --- under gunicorn: one kernel per worker ----------------------------------------------------
 
 
