@@ -47,6 +47,8 @@ class Settings:
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
+    # Thread records idle for longer are deleted (``retention.py``); 0 keeps them for ever.
+    thread_retention_days: float = 0.0
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -72,6 +74,7 @@ ENV_NAMES: dict[str, str] = {
     "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
+    "thread_retention_days": "IAC_CODE_AGUI_THREAD_RETENTION_DAYS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -94,6 +97,17 @@ def _coerce(name: str, value: Any) -> Any:
         if not number > 0 or number != number or number == float("inf"):
             raise ConfigError(f"{name} must be a positive number, got {value!r}.")
         return number
+    if name == "thread_retention_days":
+        text = str(value).strip().lower()
+        if text in ("off", "never", "forever"):
+            return 0.0
+        try:
+            days = float(text)
+        except ValueError:
+            raise ConfigError(f"thread_retention_days must be a number of days or 'off', got {value!r}.") from None
+        if not 0 <= days < float("inf"):
+            raise ConfigError(f"thread_retention_days must be 0 (off) or a positive number, got {value!r}.")
+        return days
     if name == "allow_remote_kernel":
         text = str(value).strip().lower()
         if text in ("1", "true", "yes", "on"):

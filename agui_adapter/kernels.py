@@ -5,20 +5,29 @@ else it spawns ``iac-code a2a`` like upstream does (free loopback port, random b
 token, readiness wait, ``--thinking-exposure all``) when iac-code is installed, and
 the embedded scripted kernel otherwise. Both children are real processes reached over
 HTTP; ``KernelProcess.stop()`` ends them (terminate, then kill).
+
+Every kernel child is started through the lifeline supervisor (``lifeline.py``, see its
+docstring): the kernel and everything it starts live in one process group of their own, the
+whole group is stopped on ``stop()``, and the group is stopped too when the adapter dies
+without running any code (``kill -9``, an OOM kill, a gunicorn worker killed on timeout),
+because the supervisor watches a pipe only the adapter holds open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 
@@ -26,6 +35,10 @@ from .a2a import check_kernel_url
 from .config import Settings
 
 log = logging.getLogger("agui_adapter.kernels")
+
+LIFELINE = Path(__file__).with_name("lifeline.py")
+#: Seconds the lifeline gives the kernel's group between SIGTERM and SIGKILL.
+LIFELINE_GRACE = 3.0
 
 
 class KernelStartError(RuntimeError):
@@ -40,17 +53,52 @@ class KernelProcess:
     token: str = field(repr=False)
     kind: str
     process: subprocess.Popen[bytes] | None = None
+    owner_pid: int = field(default_factory=os.getpid, repr=False)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Terminate the kernel's process group, then kill it; a no-op in a forked child."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.terminate()
+        if os.getpid() != self.owner_pid:
+            return  # a forked worker (gunicorn --preload) must not stop its parent's kernel
         try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+            if proc.poll() is not None:
+                return
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.wait(timeout)
+        finally:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process's whole group when it leads one of its own, else the process."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.kill()
+
+
+def spawn_kernel(command: list[str], env: dict[str, str], *, stdout: int | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` under the lifeline supervisor (see ``lifeline.py``).
+
+    The returned process is the supervisor: it leads the kernel's process group (so its pid
+    is the group id), exits with the kernel's status, and its stdin is the lifeline, which
+    the adapter keeps open and never writes to.
+    """
+    lifeline = [sys.executable, "-I", str(LIFELINE), "--grace", str(LIFELINE_GRACE), "--"]
+    return subprocess.Popen(
+        [*lifeline, *command], env=env, stdin=subprocess.PIPE, stdout=stdout, start_new_session=True
+    )
 
 
 def free_port() -> int:
@@ -87,7 +135,7 @@ def start_iac_code(settings: Settings, executable: str) -> KernelProcess:
     if roots and not env.get("IACCODE_A2A_ALLOWED_CWDS"):
         env["IACCODE_A2A_ALLOWED_CWDS"] = roots
     command = [executable, "a2a", "--host", "127.0.0.1", "--port", str(port), "--thinking-exposure", "all"]
-    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+    proc = spawn_kernel(command, env)
     kernel = KernelProcess(url, token, "iac-code", proc)
     try:
         _wait_ready(proc, url, token, time.monotonic() + settings.kernel_ready_timeout)
@@ -116,7 +164,7 @@ def start_scripted(settings: Settings, *, delay_scale: float = 1.0) -> KernelPro
         "--state-dir",  # sessions survive a restart of the adapter (and of this kernel)
         str(settings.resolved_state_dir() / "scripted-kernel"),
     ]
-    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    proc = spawn_kernel(command, env, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     result: dict[str, str] = {}
 

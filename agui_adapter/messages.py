@@ -62,6 +62,7 @@ CWD_INVALID = "The iac-code workspace is invalid."
 CWD_NOT_DIRECTORY = "The iac-code workspace is not a directory."
 CWD_OUTSIDE_ROOTS = "The iac-code workspace is outside the allowed roots."
 CWD_CANNOT_CREATE = "The iac-code workspace cannot be created."
+CWD_STATE_DIR = "forwardedProps.iacCode.cwd must not be the adapter's state directory, lie inside it or contain it."
 
 # --- admission -------------------------------------------------------------------
 DUPLICATE_RUN_ID = "The AG-UI run id has already been used for this same request."

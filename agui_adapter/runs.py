@@ -91,7 +91,7 @@ class RunEngine:
     def admit(self, run_input: RunInput, language: str) -> Admission:
         """Check and record a new run; raises AguiError (answered before the stream)."""
         props = run_input.props
-        cwd = resolve_workspace(props.cwd, self.allowed_roots())
+        cwd = resolve_workspace(props.cwd, self.allowed_roots(), reserved=(self.store.root,))
         if props.active_guidance:
             mode = Mode.GUIDANCE
         else:

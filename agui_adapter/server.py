@@ -2,7 +2,8 @@
 
 ``python run.py`` (or the ``agui-adapter`` command) ends up in ``main``. One log line
 says where the adapter listens and which kernel it uses; Ctrl-C (or SIGTERM) stops
-the server and any kernel child it started.
+the server and any kernel child it started. With ``--thread-retention-days`` a daemon
+thread prunes idle thread records at start-up and hourly (``retention.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from . import __version__
 from .a2a import KernelClient
 from .config import KERNEL_CHOICES, LOG_LEVELS, ConfigError, Settings, load_settings
 from .kernels import KernelProcess, KernelStartError, start_kernel
+from .retention import start_retention
 from .runs import RunEngine
 from .store import ThreadStore
 from .web import AguiApp
@@ -61,6 +63,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernel", choices=KERNEL_CHOICES, help="which kernel to start when no URL is given")
     parser.add_argument("--heartbeat-seconds", dest="heartbeat_seconds", help="SSE heartbeat interval (15)")
     parser.add_argument("--interrupt-ttl-seconds", dest="interrupt_ttl_seconds", help="interrupt lifetime (86400)")
+    parser.add_argument(
+        "--thread-retention-days",
+        dest="thread_retention_days",
+        help="delete thread records idle for longer than this many days (default 0 = keep for ever)",
+    )
     parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     return parser.parse_args(argv)
@@ -107,9 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         kernel.url,
         settings.resolved_state_dir(),
     )
+    retention = start_retention(settings)
     try:
         server.serve_forever()
     finally:
+        if retention is not None:
+            retention.stop()
         server.server_close()
         kernel.stop()
         log.info("agui-adapter stopped")

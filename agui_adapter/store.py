@@ -11,6 +11,12 @@ the directory (gunicorn workers) and vanish with a crashed process:
 * ``<key>.lock`` is held briefly around each read-modify-write of the record;
 * ``<key>.run`` is held for the whole life of the thread's active run, so "one
   active run per thread" holds everywhere.
+
+Lock files may be deleted (retention, ``remove_if``), and only by a holder of the lock.
+A process that opened a lock file just before it was unlinked would otherwise lock a dead
+inode while a newcomer locks the new file; so every acquisition checks, once the lock is
+held, that the path still names the inode it locked (``fstat`` against ``stat``), and
+starts over when it does not.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import re
 import tempfile
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
 
@@ -106,42 +113,86 @@ class ThreadStore:
     def path_for(self, thread_id: str) -> Path:
         return self.threads_dir / f"{thread_key(thread_id)}.json"
 
-    def _open_lock_file(self, thread_id: str, suffix: str) -> int:
+    def _lock_path(self, key: str, suffix: str) -> Path:
+        return self.threads_dir / f"{key}{suffix}"
+
+    def _open_lock_file(self, path: Path) -> int:
         self._ensure_dirs()
-        path = self.threads_dir / f"{thread_key(thread_id)}{suffix}"
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise StoreError(f"cannot open a lock file: {exc.strerror}") from exc
 
+    @staticmethod
+    def _still_named(fd: int, path: Path) -> bool:
+        """Whether ``path`` still names the file open as ``fd`` (it was not unlinked or replaced)."""
+        try:
+            current = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot check a lock file: {exc.strerror}") from exc
+        held = os.fstat(fd)
+        return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
+
+    def _acquire(self, key: str, suffix: str, *, blocking: bool) -> int | None:
+        """An fd holding the flock of ``<key><suffix>``; None when busy and not ``blocking``."""
+        path = self._lock_path(key, suffix)
+        while True:
+            fd = self._open_lock_file(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if not blocking and exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return None
+                raise StoreError(f"cannot lock the thread: {exc.strerror}") from exc
+            try:
+                if self._still_named(fd, path):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # we locked a file that was deleted meanwhile: lock the one the path names now
+
     # --- locks ------------------------------------------------------------------------
     def try_lock_run(self, thread_id: str) -> RunLock | None:
         """The thread's run lock, or None when another run (any process) holds it."""
-        fd = self._open_lock_file(thread_id, ".run")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return None
-            raise StoreError(f"cannot lock the thread: {exc.strerror}") from exc
-        return RunLock(fd)
+        fd = self._acquire(thread_key(thread_id), ".run", blocking=False)
+        return None if fd is None else RunLock(fd)
+
+    @contextlib.contextmanager
+    def _locked_key(self, key: str) -> Iterator[int]:
+        stripe = self._stripes[zlib.crc32(key.encode("utf-8")) % self._STRIPES]
+        with stripe:
+            fd = self._acquire(key, ".lock", blocking=True)
+            assert fd is not None
+            try:
+                yield fd
+            finally:
+                os.close(fd)  # closing releases the flock
 
     @contextlib.contextmanager
     def locked(self, thread_id: str) -> Iterator[None]:
         """Exclusive access to the thread's record, across threads and processes."""
-        stripe = self._stripes[zlib.crc32(thread_id.encode("utf-8")) % self._STRIPES]
-        with stripe:
-            fd = self._open_lock_file(thread_id, ".lock")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # closing releases the flock
+        with self._locked_key(thread_key(thread_id)):
+            yield
 
     # --- records ----------------------------------------------------------------------
     def load(self, thread_id: str) -> ThreadRecord | None:
-        path = self.path_for(thread_id)
+        data = self._read(self.path_for(thread_id))
+        return None if data is None else self._record(data, thread_id)
+
+    @staticmethod
+    def _record(data: Any, thread_id: str) -> ThreadRecord:
+        try:
+            return ThreadRecord.from_json(data, thread_id)
+        except RecordError as exc:
+            raise StoreError(str(exc)) from exc
+
+    @staticmethod
+    def _read(path: Path) -> Any:
+        """The parsed JSON at ``path``, or None when there is no such file."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -154,13 +205,9 @@ class ThreadStore:
         except OSError as exc:
             raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
         try:
-            data = json.loads(raw)
+            return json.loads(raw)
         except ValueError as exc:
             raise StoreError("the thread state is not valid JSON") from exc
-        try:
-            return ThreadRecord.from_json(data, thread_id)
-        except RecordError as exc:
-            raise StoreError(str(exc)) from exc
 
     def save(self, record: ThreadRecord) -> None:
         self._ensure_dirs()
@@ -202,3 +249,73 @@ class ThreadStore:
             mutation.apply(record)
             self.save(record)
             return record
+
+    # --- listing and removal (retention) ----------------------------------------------
+    _SUFFIXES = (".json", ".lock", ".run")
+
+    def thread_keys(self) -> list[str]:
+        """The key (file stem) of every thread with a file in the directory, sorted."""
+        try:
+            names = os.listdir(self.threads_dir)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list the thread states: {exc.strerror}") from exc
+        keys = {
+            name[: -len(suffix)]
+            for name in names
+            if not name.startswith(".")
+            for suffix in self._SUFFIXES
+            if name.endswith(suffix)
+        }
+        return sorted(key for key in keys if key)
+
+    def last_activity(self, key: str) -> float | None:
+        """When the thread's files last changed (newest mtime, epoch seconds); None without files."""
+        times = []
+        for suffix in self._SUFFIXES:
+            try:
+                times.append(os.stat(self._lock_path(key, suffix), follow_symlinks=False).st_mtime)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreError(f"cannot inspect the thread state: {exc.strerror}") from exc
+        return max(times) if times else None
+
+    def remove_if(self, key: str, remove: Callable[[ThreadRecord | None, float | None], bool]) -> bool:
+        """Delete the thread's files when ``remove(record, last_activity)`` says so; True if deleted.
+
+        Never while a run holds the thread (its run lock is tried, not waited for). The
+        decision is taken, and the files deleted, holding both the run lock and the record
+        lock, so that nobody reads or writes the record meanwhile and the lock files are
+        unlinked only by their holder. ``record`` is None when only lock files are left (a
+        refused request leaves them). Raises StoreError for an unreadable record.
+        """
+        run_fd = self._acquire(key, ".run", blocking=False)
+        if run_fd is None:
+            return False
+        try:
+            with self._locked_key(key):
+                data = self._read(self._lock_path(key, ".json"))
+                record = None
+                if data is not None:
+                    thread_id = data.get("threadId") if isinstance(data, dict) else None
+                    if not isinstance(thread_id, str) or thread_key(thread_id) != key:
+                        raise StoreError("state file belongs to another thread")
+                    record = self._record(data, thread_id)
+                if not remove(record, self.last_activity(key)):
+                    return False
+                try:
+                    for suffix in self._SUFFIXES:  # the record first, the lock files (held) last
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(self._lock_path(key, suffix))
+                    dir_fd = os.open(self.threads_dir, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        os.fsync(dir_fd)
+                    finally:
+                        os.close(dir_fd)
+                except OSError as exc:
+                    raise StoreError(f"cannot delete the thread state: {exc.strerror}") from exc
+                return True
+        finally:
+            os.close(run_fd)

@@ -11,6 +11,11 @@ busy and conflict checks, and leaves it behind):
 - :func:`resolve_workspace` checks and resolves, and creates nothing;
 - :func:`ensure_workspace` creates the directory, once the request is admitted.
 
+The adapter's own state directory is never a workspace, even under an allowed root (the
+default roots include the temp dir, where a state dir may well live): a workspace inside it,
+equal to it or containing it would let a tool call write next to, or over, the thread
+records. The caller passes it as ``reserved``; real paths are compared, symlinks resolved.
+
 Unlike upstream, ``$VAR`` sequences are **not** expanded: the value comes from the client,
 and expanding it against the adapter's environment would let a client probe that
 environment (and make the meaning of a path depend on how the server was started). ``$`` is
@@ -65,12 +70,17 @@ def allowed_roots(env: Mapping[str, str], process_cwd: str, temp_dir: str) -> li
     return roots
 
 
-def resolve_workspace(raw: str, roots: Sequence[Path]) -> Path:
+def _overlaps(path: Path, reserved: Path) -> bool:
+    return path == reserved or path.is_relative_to(reserved) or reserved.is_relative_to(path)
+
+
+def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] = ()) -> Path:
     """Check ``raw`` against the roots and return its resolved path; creates nothing.
 
     ``raw`` must be absolute after ``~`` expansion. It is normalized, then resolved with
-    symlinks followed, so a link pointing out of a root is refused. Raises
-    ``AguiError("INVALID_INPUT", CWD_*)``.
+    symlinks followed, so a link pointing out of a root is refused. It must not be one of
+    the ``reserved`` directories (the adapter's state directory), lie inside one or contain
+    one. Raises ``AguiError("INVALID_INPUT", CWD_*)``.
     """
     if not isinstance(raw, str) or not raw:
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
@@ -84,10 +94,13 @@ def resolve_workspace(raw: str, roots: Sequence[Path]) -> Path:
     try:
         resolved = Path(os.path.normpath(expanded)).resolve(strict=False)
         resolved_roots = [Path(root).resolve(strict=False) for root in roots]
+        resolved_reserved = [Path(os.path.abspath(path)).resolve(strict=False) for path in reserved]
     except (OSError, RuntimeError, ValueError):
         raise _invalid(messages.CWD_INVALID) from None
     if not any(resolved == root or resolved.is_relative_to(root) for root in resolved_roots):
         raise _invalid(messages.CWD_OUTSIDE_ROOTS)
+    if any(_overlaps(resolved, path) for path in resolved_reserved):
+        raise _invalid(messages.CWD_STATE_DIR)
     try:
         # A symlink left in the resolved path could not be followed (a loop, say), and
         # Python versions differ on raising for it: refuse it here, uniformly.

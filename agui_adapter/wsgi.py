@@ -5,7 +5,8 @@ variables and the config file named by ``IAC_CODE_AGUI_CONFIG``. Without
 ``IAC_CODE_AGUI_A2A_URL`` each worker process starts its own kernel child; with
 several workers, point them all at one kernel with ``IAC_CODE_AGUI_A2A_URL`` so that
 every worker sees the same conversations (the state directory is already shared
-safely through file locks).
+safely through file locks). A worker's kernel child stops with the worker however the
+worker ends (a worker killed on timeout included): see ``lifeline.py``.
 
 Serve with threads (gunicorn ``-k gthread --threads N``, waitress ``--threads N``):
 every open SSE stream holds one worker thread for its whole life.
@@ -17,6 +18,7 @@ import atexit
 
 from .config import load_settings
 from .kernels import start_kernel
+from .retention import start_retention
 from .server import build_app, configure_logging
 
 _settings = load_settings()
@@ -25,3 +27,6 @@ _kernel = start_kernel(_settings)
 atexit.register(_kernel.stop)
 
 application = build_app(_settings, _kernel)
+# Prunes idle thread records at start-up and hourly when IAC_CODE_AGUI_THREAD_RETENTION_DAYS
+# is set (each worker prunes; the store's locks make that safe).
+_retention = start_retention(_settings)
