@@ -47,6 +47,8 @@ class Settings:
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
+    # How long a new turn waits for a task left running by a dead adapter to stop.
+    stale_task_timeout_seconds: float = 10.0
     # Thread records idle for longer are deleted (``retention.py``); 0 keeps them for ever.
     thread_retention_days: float = 0.0
 
@@ -89,7 +91,7 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be between 1 and 65535, got {port}.")
         return port
-    if name in ("heartbeat_seconds", "interrupt_ttl_seconds", "kernel_ready_timeout"):
+    if name in ("heartbeat_seconds", "interrupt_ttl_seconds", "kernel_ready_timeout", "stale_task_timeout_seconds"):
         try:
             number = float(str(value).strip())
         except ValueError:

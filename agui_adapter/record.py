@@ -263,13 +263,17 @@ class RetireExecution:
 
     ``unless_waiting`` keeps an execution whose interrupts are still pending (a run that
     ends in error after some answers were refused); ``task_id`` fills in a task id that
-    was learnt only after the run was abandoned."""
+    was learnt only after the run was abandoned; ``lost_session`` is a session the kernel
+    no longer has: the thread forgets it, so that its next run starts a new one."""
 
     execution_id: str
     unless_waiting: bool = False
     task_id: str | None = None
+    lost_session: str | None = None
 
     def apply(self, record: ThreadRecord) -> None:
+        if self.lost_session and record.session_id == self.lost_session:
+            record.session_id = None
         execution = record.execution
         if execution.execution_id != self.execution_id:
             return

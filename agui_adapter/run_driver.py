@@ -17,6 +17,7 @@ carries out its answer the same way.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from queue import Empty
 from typing import TYPE_CHECKING
@@ -48,9 +49,11 @@ from .run_effects import (
     SendMessage,
     SendStreaming,
     StopStream,
+    StopTask,
 )
 from .run_machine import RunMachine
 from .store import StoreError
+from .translate import TERMINAL_STATES, inspect_frame
 
 if TYPE_CHECKING:
     from .runs import Admission, RunEngine
@@ -166,6 +169,8 @@ class RunDriver:
             return self._ask(lambda: self.kernel.pipeline_state(effect.params))
         elif isinstance(effect, SendMessage):
             return self._ask(lambda: (200, self.kernel.send_message(effect.message)))
+        elif isinstance(effect, StopTask):
+            return self._ask(lambda: (200, self._stop_task(effect.task_id)))
         elif isinstance(effect, CancelTask):
             self.engine.cancel_task_quietly(effect.task_id)
         elif isinstance(effect, CancelWhenKnown):
@@ -201,6 +206,16 @@ class RunDriver:
         except KernelUnavailable as exc:
             return KernelDown(str(exc))
         return KernelAnswer(status, body)
+
+    def _stop_task(self, task_id: str) -> object:
+        """Cancel a task and wait until the kernel reports it stopped; its last snapshot."""
+        self.engine.cancel_task_quietly(task_id)
+        deadline = time.monotonic() + self.engine.settings.stale_task_timeout_seconds
+        while True:
+            task = self.kernel.get_task(task_id)
+            if inspect_frame({"result": task}).state in TERMINAL_STATES or time.monotonic() >= deadline:
+                return task
+            time.sleep(0.1)
 
     def _open(self, open_stream: Callable[[], KernelByteStream]) -> None:
         if self._pump is not None:

@@ -91,6 +91,15 @@ class FetchPipelineState:
 
 
 @dataclass(slots=True)
+class StopTask:
+    """Cancel a task left running by a run that died with its adapter, and wait (bounded)
+    until the kernel says it stopped (reply: ``KernelAnswer`` with its last state, or
+    ``KernelRefused`` when the kernel does not know it)."""
+
+    task_id: str
+
+
+@dataclass(slots=True)
 class SendMessage:
     """A unary ``SendMessage`` (a sideband answer; the message may hold secrets)."""
 
@@ -130,7 +139,7 @@ class Finish:
     code: str | None = None  # the RUN_ERROR code
 
 
-Request = Persist | RestoreSession | GetTask | FetchPipelineState | SendMessage
+Request = Persist | StopTask | RestoreSession | GetTask | FetchPipelineState | SendMessage
 Effect = (
     Emit
     | Persist
@@ -140,6 +149,7 @@ Effect = (
     | GetTask
     | FetchPipelineState
     | SendMessage
+    | StopTask
     | CancelTask
     | CancelWhenKnown
     | StopStream
@@ -148,7 +158,7 @@ Effect = (
 )
 
 #: Requests that call the kernel: events already decided are written before them.
-KERNEL_REQUESTS = (RestoreSession, GetTask, FetchPipelineState, SendMessage)
+KERNEL_REQUESTS = (StopTask, RestoreSession, GetTask, FetchPipelineState, SendMessage)
 
 
 # ====================================================================== replies

@@ -31,6 +31,11 @@ The order rules of the contract live here, and only here:
    kernel task cancelled and the execution retired, unless interrupts are pending
    (they stay answerable); if the task id is not known yet, it is cancelled as soon
    as the reader learns it. Guidance never cancels: the pipeline belongs to its run.
+6. **No dead ends**: when the kernel no longer has the task or the session the thread
+   is bound to (it restarted, or lost them), the run ends with ``EXECUTION_LOST`` and,
+   in the same write, the execution and its pending interrupts are retired and a lost
+   session forgotten, so the next run on the thread starts cleanly. A task left running
+   by a run whose adapter died (``stale_task_id``) is stopped before a new turn starts.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ from .run_effects import (
     SendMessage,
     SendStreaming,
     StopStream,
+    StopTask,
 )
 from .translate import FAILURE_STATES, SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
 from .validation import RunInput
@@ -88,6 +94,7 @@ _GOOD_END_STATES = frozenset({"completed", "input-required"})
 
 class Phase(enum.Enum):
     READY = "ready"  # admitted; nothing sent to the kernel yet
+    STOPPING_STALE_TASK = "stopping-stale-task"  # a new turn waits for a dead run's task to stop
     RESTORING_SESSION = "restoring-session"  # resume: waiting for the kernel to restore the session
     CHECKING_TASK = "checking-task"  # resume: waiting for GetTask
     RECOVERING_PIPELINE = "recovering-pipeline"  # resume: waiting for the pipeline snapshot
@@ -123,6 +130,7 @@ class RunMachine:
         language: str,
         parts: list[dict[str, Any]] | None = None,
         interrupt_ttl_seconds: float = 86400,
+        stale_task_id: str | None = None,
     ) -> None:
         self.run_input = run_input
         self.mode = mode
@@ -130,6 +138,7 @@ class RunMachine:
         self.language = language
         self.parts = parts or []
         self.interrupt_ttl = interrupt_ttl_seconds
+        self.stale_task_id = stale_task_id  # a task of an earlier execution that may still run
         self.phase = Phase.READY
         self.outcome: Outcome | None = None
         execution = record.execution
@@ -172,19 +181,26 @@ class RunMachine:
         try:
             if self.mode is Mode.RESUME:
                 self._start_resume(now)
-            else:  # a new turn starts a task; guidance is sent into the running pipeline task
-                message = outbound.user_turn(
-                    message_id=f"agui-{self.mode.value}-{uuid.uuid4().hex}",
-                    context_id=self.record.context_id,
-                    parts=self.parts,
-                    metadata=self._metadata(),
-                    task_id=self.task_id if self.mode is Mode.GUIDANCE else None,
-                )
-                self.phase = Phase.GUIDING if self.mode is Mode.GUIDANCE else Phase.STREAMING
-                self._effects.append(SendStreaming(message))
+            elif self.mode is Mode.TURN and self.stale_task_id:
+                self._effects.append(StopTask(self.stale_task_id))
+                self.phase = Phase.STOPPING_STALE_TASK
+            else:
+                self._send_turn()
         except AguiError as err:
             self._fail(err)
         return self._take()
+
+    def _send_turn(self) -> None:
+        """A new turn starts a task; guidance is sent into the running pipeline task."""
+        message = outbound.user_turn(
+            message_id=f"agui-{self.mode.value}-{uuid.uuid4().hex}",
+            context_id=self.record.context_id,
+            parts=self.parts,
+            metadata=self._metadata(),
+            task_id=self.task_id if self.mode is Mode.GUIDANCE else None,
+        )
+        self.phase = Phase.GUIDING if self.mode is Mode.GUIDANCE else Phase.STREAMING
+        self._effects.append(SendStreaming(message))
 
     def frames(self, frames: list[Any], now: float) -> list[Effect]:
         """Decoded JSON-RPC frames of the kernel stream being read."""
@@ -246,7 +262,9 @@ class RunMachine:
         self._clock(now)
         phase = self.phase
         try:
-            if phase is Phase.RESTORING_SESSION:
+            if phase is Phase.STOPPING_STALE_TASK:
+                self._on_stale_task_stopped(reply)
+            elif phase is Phase.RESTORING_SESSION:
                 self._on_restored(reply)
             elif phase is Phase.CHECKING_TASK:
                 self._on_task(reply)
@@ -325,6 +343,27 @@ class RunMachine:
 
     def _succeed(self, *, retire: bool) -> None:
         self._end(Outcome.SUCCESS, self.translator.finish(self._ts, {"type": "success"}), retire=retire)
+
+    def _lose(self, template: str, *, session: bool = False) -> AguiError:
+        """Rule 6: the kernel lost the execution (or its session): retire it, and its
+        interrupts, in one write; the error to end the run with."""
+        if self.task_id:
+            self._effects.append(CancelTask(self.task_id))
+        lost_session = self.session_id if session else None
+        self._persist(RetireExecution(self.execution_id, lost_session=lost_session))
+        if session:
+            self.session_id = None
+        log.warning("run %s: the kernel lost the %s", self.run_input.run_id, "session" if session else "task")
+        return AguiError(Code.EXECUTION_LOST, template)
+
+    def _on_stale_task_stopped(self, reply: Reply) -> None:
+        if isinstance(reply, KernelAnswer):
+            state = inspect_frame({"result": reply.body}).state
+            if state not in _TASK_GONE_STATES:
+                log.warning("run %s: an earlier task is still %s; starting anyway", self.run_input.run_id, state)
+        elif isinstance(reply, KernelDown):
+            raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
+        self._send_turn()  # KernelRefused: the kernel no longer knows the task
 
     def _cancel_and_retire(self) -> None:
         """Fail closed: stop the kernel work and forget what cannot be resumed."""
@@ -426,8 +465,8 @@ class RunMachine:
         if info.session_id:
             if self.session_id is None:
                 self.session_id = session_id = info.session_id
-            elif info.session_id != self.session_id:
-                raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.SESSION_IDENTITY_CHANGED)
+            elif info.session_id != self.session_id:  # the kernel lost our session and made a new one
+                raise self._lose(msg.SESSION_LOST, session=True)
         if task_id is None and session_id is None:
             return False
         self._reading = self.phase
@@ -600,7 +639,7 @@ class RunMachine:
             raise AguiError(Code.CANCELLED, msg.CANCELLED_BY_RESPONSE) from None
         self.answers = answers
         if not self.task_id:
-            raise AguiError(Code.EXECUTION_LOST, msg.RESUME_TASK_UNAVAILABLE)
+            raise self._lose(msg.RESUME_TASK_UNAVAILABLE)
         if self.session_id:
             self._effects.append(RestoreSession(self.record.cwd, self.session_id, self.task_id))
             self.phase = Phase.RESTORING_SESSION
@@ -617,7 +656,7 @@ class RunMachine:
             if reply.status == 409 and isinstance(error, dict) and error.get("code") == Code.SESSION_BACKUP_NOT_READY:
                 raise AguiError(Code.SESSION_BACKUP_NOT_READY, msg.SESSION_BACKUP_NOT_READY)
             if reply.status == 404:
-                raise AguiError(Code.EXECUTION_LOST, msg.RESUME_SESSION_UNAVAILABLE)
+                raise self._lose(msg.RESUME_SESSION_UNAVAILABLE, session=True)
             if reply.status >= 400:
                 log.warning("ensure-restored answered HTTP %s", reply.status)
                 raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
@@ -627,7 +666,7 @@ class RunMachine:
     def _on_task(self, reply: Reply) -> None:
         if isinstance(reply, KernelRefused):
             if reply.error.rpc_code == -32001:
-                raise AguiError(Code.EXECUTION_LOST, msg.RESUME_TASK_UNAVAILABLE)
+                raise self._lose(msg.RESUME_TASK_UNAVAILABLE)
             raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
         if not isinstance(reply, KernelAnswer):
             log.warning("run %s: kernel unavailable before resume: %s", self.run_input.run_id, _reason(reply))
@@ -636,10 +675,9 @@ class RunMachine:
         if info.task_id != self.task_id or (info.context_id and info.context_id != self.record.context_id):
             raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.RESUME_TASK_MISMATCH)
         if info.session_id and self.session_id and info.session_id != self.session_id:
-            raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.SESSION_IDENTITY_CHANGED)
+            raise self._lose(msg.SESSION_LOST, session=True)
         if info.state in _TASK_GONE_STATES:
-            self._cancel_and_retire()
-            raise AguiError(Code.EXECUTION_LOST, msg.RESUME_TASK_UNAVAILABLE)
+            raise self._lose(msg.RESUME_TASK_UNAVAILABLE)
         self._emit(self.translator.reopen_steps(self._ts))
         if self.translator.pipeline_seen or self.run_input.props.run_mode == "pipeline":
             self._effects.append(FetchPipelineState(self._journal_params(snapshot=True)))

@@ -51,6 +51,7 @@ class Admission:
     run_lock: RunLock | None  # None for guidance, which never holds the thread
     mode: Mode
     parts: list[dict[str, Any]] = field(default_factory=list)
+    stale_task_id: str | None = None  # a task of the thread's previous execution that may still run
 
     @property
     def thread_id(self) -> str:
@@ -101,7 +102,6 @@ class RunEngine:
             _, parts = build_user_parts(run_input.messages)
         digest = request_digest(run_input.raw)
         thread_id = run_input.thread_id
-        expired_task: list[str] = []
         try:
             run_lock = None if mode is Mode.GUIDANCE else self.store.try_lock_run(thread_id)
         except StoreError as exc:
@@ -126,28 +126,23 @@ class RunEngine:
                     fresh = True
                 else:
                     fresh = False
-                self._check_admission(record, run_input, digest, run_lock, str(cwd), mode, expired_task)
+                self._check_admission(record, run_input, digest, run_lock, str(cwd), mode)
+                stale_task_id = None
                 if mode is Mode.TURN and not fresh:
+                    if not record.execution.terminal:  # expired interrupts, or a run whose adapter died
+                        stale_task_id = record.execution.task_id
                     record.start_execution(str(uuid.uuid4()), props.ros_invocation_id)
                 record.remember_run(run_input.run_id, digest)
                 ensure_workspace(cwd)
                 self.store.save(record)
-        except AguiError:
+        except BaseException as exc:  # refused: the thread is given back at once
             if run_lock is not None:
                 run_lock.release()
+            if isinstance(exc, StoreError):
+                log.error("thread %s: state unavailable: %s", thread_id, exc)
+                raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
             raise
-        except StoreError as exc:
-            if run_lock is not None:
-                run_lock.release()
-            log.error("thread %s: state unavailable: %s", thread_id, exc)
-            raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
-        except BaseException:
-            if run_lock is not None:
-                run_lock.release()
-            raise
-        for task_id in filter(None, expired_task):
-            self.cancel_task_quietly(task_id)
-        return Admission(run_input, language, record, run_lock, mode, parts=parts)
+        return Admission(run_input, language, record, run_lock, mode, parts=parts, stale_task_id=stale_task_id)
 
     def _check_admission(
         self,
@@ -157,7 +152,6 @@ class RunEngine:
         run_lock: RunLock | None,
         cwd: str,
         mode: Mode,
-        expired_task: list[str],
     ) -> None:
         props = run_input.props
         known = record.run_digests.get(run_input.run_id)
@@ -176,7 +170,6 @@ class RunEngine:
                     raise AguiError(Code.RESUME_REQUIRED, msg.RESUME_REQUIRED)
                 # Expired interrupts no longer hold the thread: the new turn replaces them.
                 log.info("thread %s: pending interrupts expired; starting a new turn", record.thread_id)
-                expired_task.append(execution.task_id or "")
         elif mode is Mode.GUIDANCE:
             # Guidance steers a running pipeline: it needs one, and no interrupt may be waiting.
             if run_input.resume is not None or props.run_mode != "pipeline":
@@ -198,6 +191,7 @@ class RunEngine:
             language=admission.language,
             parts=admission.parts,
             interrupt_ttl_seconds=self.settings.interrupt_ttl_seconds,
+            stale_task_id=admission.stale_task_id,
         )
         return RunDriver(self, admission, machine)
 

@@ -51,6 +51,7 @@ from agui_adapter.run_effects import (
     SendMessage,
     SendStreaming,
     StopStream,
+    StopTask,
 )
 from agui_adapter.run_machine import Phase, RunMachine
 from agui_adapter.sse import SSEDecoder
@@ -124,7 +125,7 @@ class Bench:
                 return PersistFailed("stale") if effect.required else None
             self.disk = scratch
             return Persisted(copy.deepcopy(scratch)) if effect.required else None
-        if isinstance(effect, (RestoreSession, GetTask, FetchPipelineState, SendMessage)):
+        if isinstance(effect, (StopTask, RestoreSession, GetTask, FetchPipelineState, SendMessage)):
             reply = self.replies[type(effect)]
             return reply(effect) if callable(reply) else reply
         return None
@@ -272,17 +273,33 @@ def test_kernel_gone_mid_stream_closes_spans_and_cancels_the_task() -> None:
     assert_release_before_final(bench)
 
 
-def test_identity_mismatch_is_a_protocol_error() -> None:
+def test_a_session_the_kernel_lost_retires_the_execution_and_is_forgotten() -> None:
     capture = frames("01-normal-text.sse.txt")
     record = record_for(context_of("01-normal-text.sse.txt"))
-    record.session_id = "another-session"
+    record.session_id = "a-session-the-kernel-forgot"
     machine = RunMachine(validate_run_input(body()), mode=Mode.TURN, record=copy.deepcopy(record), language="en")
     bench = Bench(machine, record)
     bench.feed(machine.start(NOW))
     bench.feed(machine.frames(capture, NOW))
-    assert bench.finish.code == Code.A2A_PROTOCOL_ERROR
-    assert "session identity" in bench.events[-1]["message"]
-    assert not bench.of(CancelTask)
+    assert bench.finish.code == Code.EXECUTION_LOST
+    assert "new session" in bench.events[-1]["message"]
+    assert [c.task_id for c in bench.of(CancelTask)] == [machine.task_id]  # the task it started in a new session
+    assert bench.disk.session_id is None and bench.disk.execution.terminal  # the next run starts cleanly
+
+
+def test_a_task_left_running_by_a_dead_adapter_is_stopped_before_the_new_turn() -> None:
+    record = record_for(context_of("01-normal-text.sse.txt"))
+    payload = validate_run_input(body())
+    machine = RunMachine(payload, mode=Mode.TURN, record=copy.deepcopy(record), language="en", stale_task_id="old")
+    bench = Bench(machine, record, {StopTask: KernelAnswer(200, {"id": "old", "status": {"state": "canceled"}})})
+    bench.feed(machine.start(NOW))
+    assert [type(e) for e in bench.effects] == [Emit, StopTask, SendStreaming] and machine.phase is Phase.STREAMING
+    # a kernel that restarted does not know the task any more: the turn starts all the same
+    machine = RunMachine(payload, mode=Mode.TURN, record=copy.deepcopy(record), language="en", stale_task_id="old")
+    refused = KernelRefused(KernelRejected({"code": -32001, "message": "Task not found"}))
+    bench = Bench(machine, record, {StopTask: refused})
+    bench.feed(machine.start(NOW))
+    assert isinstance(bench.effects[-1], SendStreaming)
 
 
 def test_ids_that_cannot_be_written_fail_closed() -> None:
@@ -435,20 +452,23 @@ def test_sideband_answers_are_unary_calls_then_the_task_is_followed() -> None:
     assert machine.phase is Phase.STREAMING and not bench.disk.execution.pending
 
 
-def test_resume_of_a_task_the_kernel_lost() -> None:
+def test_resume_of_a_task_the_kernel_lost_retires_its_interrupts() -> None:
     answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
     machine, bench = resumed(PERMISSION, answers=answers)
     bench.replies[GetTask] = KernelRefused(KernelRejected({"code": -32001, "message": "Task not found"}))
     bench.feed(machine.start(NOW))
     assert bench.finish.code == Code.EXECUTION_LOST
+    assert bench.disk.execution.terminal and not bench.disk.execution.pending  # no RESUME_REQUIRED after this
+    assert bench.disk.session_id == "sess-1"
     machine, bench = resumed(PERMISSION, answers=answers)
     bench.replies[RestoreSession] = KernelAnswer(404, {})
     bench.feed(machine.start(NOW))
     assert bench.finish.code == Code.EXECUTION_LOST and not bench.of(GetTask)
+    assert bench.disk.execution.terminal and bench.disk.session_id is None
     machine, bench = resumed(PERMISSION, answers=answers)
     bench.replies[RestoreSession] = KernelDown("refused")
     bench.feed(machine.start(NOW))
-    assert bench.finish.code == Code.A2A_UNAVAILABLE
+    assert bench.finish.code == Code.A2A_UNAVAILABLE and set(bench.disk.execution.pending) == {"p1"}
 
 
 def test_an_expired_interrupt_cancels_the_task() -> None:
