@@ -272,11 +272,11 @@ class KernelClient:
             {"message": message, "configuration": {"acceptedOutputModes": ["text/plain"]}},
         )
 
-    def get_task(self, task_id: str, history_length: int | None = None) -> Any:
+    def get_task(self, task_id: str, history_length: int | None = None, *, timeout: float = 30.0) -> Any:
         params: dict[str, Any] = {"id": task_id}
         if history_length is not None:
             params["historyLength"] = history_length
-        return self.call("GetTask", params, timeout=(self._timeout[0], 30.0))
+        return self.call("GetTask", params, timeout=(min(self._timeout[0], timeout), timeout))
 
     def cancel_task(self, task_id: str) -> Any:
         return self.call("CancelTask", {"id": task_id}, timeout=(self._timeout[0], 60.0))

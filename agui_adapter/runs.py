@@ -31,6 +31,7 @@ from .run_driver import RunDriver
 from .run_effects import Mode
 from .run_machine import RunMachine
 from .store import RunLock, StoreError, ThreadStore
+from .translate import TERMINAL_STATES, inspect_frame
 from .validation import RunInput, request_digest
 from .workspace import allowed_roots, ensure_workspace, resolve_workspace
 
@@ -166,10 +167,15 @@ class RunEngine:
         execution = record.execution
         if mode is Mode.TURN:
             if execution.waiting:
-                if resume.first_expiry(execution.pending, self.clock()) is None:
+                if resume.first_expiry(execution.pending, self.clock()) is not None:
+                    # Expired interrupts no longer hold the thread: the new turn replaces them.
+                    log.info("thread %s: pending interrupts expired; starting a new turn", record.thread_id)
+                elif self._kernel_lost(execution.task_id):
+                    # Nobody can answer them any more (the kernel restarted): no dead end.
+                    log.info("thread %s: the kernel lost the interrupted task; starting a new turn", record.thread_id)
+                    record.retire_execution()
+                else:
                     raise AguiError(Code.RESUME_REQUIRED, msg.RESUME_REQUIRED)
-                # Expired interrupts no longer hold the thread: the new turn replaces them.
-                log.info("thread %s: pending interrupts expired; starting a new turn", record.thread_id)
         elif mode is Mode.GUIDANCE:
             # Guidance steers a running pipeline: it needs one, and no interrupt may be waiting.
             if run_input.resume is not None or props.run_mode != "pipeline":
@@ -231,6 +237,19 @@ class RunEngine:
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
         log.info("execution %s on thread %s cancelled", execution_id, thread_id)
         return "cancelled"
+
+    def _kernel_lost(self, task_id: str | None) -> bool:
+        """Whether the kernel says the task is gone (unknown, or ended); a kernel that does
+        not answer has not lost anything."""
+        if not task_id:
+            return True
+        try:
+            task = self.kernel.get_task(task_id, timeout=5.0)
+        except KernelRejected as exc:
+            return exc.rpc_code == -32001
+        except KernelUnavailable:
+            return False
+        return inspect_frame({"result": task}).state in TERMINAL_STATES
 
     def cancel_task_quietly(self, task_id: str) -> None:
         try:
