@@ -47,6 +47,10 @@ class Settings:
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
+    keepalive_timeout_seconds: float = 5.0
+    request_timeout_seconds: float = 30.0
+    send_timeout_seconds: float = 60.0
+    max_connections: int = 1024
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -72,6 +76,10 @@ ENV_NAMES: dict[str, str] = {
     "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
+    "keepalive_timeout_seconds": "IAC_CODE_AGUI_KEEPALIVE_TIMEOUT_SECONDS",
+    "request_timeout_seconds": "IAC_CODE_AGUI_REQUEST_TIMEOUT_SECONDS",
+    "send_timeout_seconds": "IAC_CODE_AGUI_SEND_TIMEOUT_SECONDS",
+    "max_connections": "IAC_CODE_AGUI_MAX_CONNECTIONS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -86,7 +94,22 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be between 1 and 65535, got {port}.")
         return port
-    if name in ("heartbeat_seconds", "interrupt_ttl_seconds", "kernel_ready_timeout"):
+    if name == "max_connections":
+        try:
+            count = int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"max_connections must be a positive integer, got {value!r}.") from None
+        if count < 1:
+            raise ConfigError(f"max_connections must be a positive integer, got {value!r}.")
+        return count
+    if name in (
+        "heartbeat_seconds",
+        "interrupt_ttl_seconds",
+        "kernel_ready_timeout",
+        "keepalive_timeout_seconds",
+        "request_timeout_seconds",
+        "send_timeout_seconds",
+    ):
         try:
             number = float(str(value).strip())
         except ValueError:
