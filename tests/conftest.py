@@ -1,6 +1,7 @@
 """Fixtures: the scripted kernel and the adapter on real loopback sockets.
 
-``adapter`` starts the real WSGI app under Werkzeug's threaded server on a free port
+``adapter`` starts the real WSGI app under the built-in server (``agui_adapter.serving``,
+what ``python run.py`` uses) on a free port
 (in this process, so tests can swap settings cheaply); ``adapter_process`` starts
 ``python run.py`` as a separate process for restart and kill scenarios. Every SSE
 stream read through ``Client`` is checked against the AG-UI 1.0 models and lifecycle
@@ -25,12 +26,12 @@ from typing import Any
 
 import pytest
 import requests
-from werkzeug.serving import make_server
 
 from agui_adapter.config import Settings
 from agui_adapter.kernel.scripted import ScriptedKernel
 from agui_adapter.kernels import KernelProcess
-from agui_adapter.server import build_app
+from agui_adapter.server import build_app, server_limits
+from agui_adapter.serving import WSGIServer
 
 from .agui_stream import StreamRecorder, check_stream, parse_sse
 
@@ -172,14 +173,13 @@ def run_body(
 
 
 class InProcessAdapter:
-    """The adapter app served on a real loopback socket by a threaded Werkzeug server."""
+    """The adapter app served on a real loopback socket by the built-in threaded server."""
 
     def __init__(self, settings: Settings, kernel: KernelProcess) -> None:
         self.settings = settings
         self.kernel = kernel
         self.app = build_app(settings, kernel)
-        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
-        self.server.daemon_threads = True
+        self.server = WSGIServer("127.0.0.1", 0, self.app, server_limits(settings))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
