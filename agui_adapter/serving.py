@@ -469,6 +469,8 @@ class _Request:
 def _parse_head(head: bytes, max_headers: int) -> _Request:
     lines = head.decode("latin-1").split("\n")
     request_line = lines[0].rstrip("\r")
+    if len(request_line) > _MAX_REQUEST_LINE:
+        raise _HTTPError(414, "URI_TOO_LONG", "The request line is too long.")
     parts = request_line.split(" ")
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or "\x00" in request_line:
         raise _HTTPError(400, "BAD_REQUEST", "The request line is malformed.")
@@ -1012,19 +1014,20 @@ class WSGIServer:
             return False
         conn.requests += 1
         conn.path = req.path
+        send_continue = None
+        if (req.length or req.chunked) and req.version == "HTTP/1.1":
+            if any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in req.headers):
+                send_continue = partial(conn.send, b"HTTP/1.1 100 Continue\r\n\r\n", limits.send_timeout)
+        body = RequestBody(reader, deadline, req.length, req.chunked, send_continue)
         if conn.reserve and not (req.method in ("GET", "HEAD") and req.path in limits.reserve_paths):
-            conn.linger = True
+            # beyond the limit: 503 SERVER_BUSY; a small body is read first so the close is clean
+            conn.linger = not body.drain(limits.drain_bytes)
             try:
                 conn.send(self._busy, min(limits.send_timeout, 5.0))
             except _PeerGone:
                 conn.linger = False
             return False
         conn.state = ACTIVE
-        send_continue = None
-        if (req.length or req.chunked) and req.version == "HTTP/1.1":
-            if any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in req.headers):
-                send_continue = partial(conn.send, b"HTTP/1.1 100 Continue\r\n\r\n", limits.send_timeout)
-        body = RequestBody(reader, deadline, req.length, req.chunked, send_continue)
         response = _Response(self, conn, req, body)
         self._run_app(conn, req, body, response)
         return response.keep_alive and not conn.aborted
