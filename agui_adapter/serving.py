@@ -1071,9 +1071,10 @@ class WSGIServer:
         try:
             result = self.app(environ, response.start_response)
             if req.method == "HEAD":
-                for _ in result:  # until the application has called start_response
-                    if response.status is not None:
-                        break
+                if response.status is None:  # a lazy application answers in its first item
+                    for _ in result:
+                        if response.status is not None:
+                            break
                 response.write(b"")
             else:
                 for data in result:
