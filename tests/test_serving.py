@@ -726,3 +726,49 @@ def test_adapter_disconnect_is_still_noticed_through_heartbeats(
     conn.close()
     task_id = data.split(b"iac-code.session.v1")[1].split(b'"taskId":"')[1].split(b'"')[0].decode()
     assert wait_for(lambda: _task_cancelled(scripted_kernel, task_id), 5.0), "no CancelTask after the disconnect"
+
+
+def test_expect_100_continue_is_answered_when_the_body_is_read(serve: Serve) -> None:
+    server = serve(DemoApp())
+    conn = Conn(server.server_port)
+    conn.send(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+    assert conn.response()[0] == 100
+    conn.send(b"abc")
+    status, _, body = conn.response()
+    assert status == 200 and json.loads(body)["length"] == 3
+    # refused without reading: no 100, and the connection closes (the body may or may not come)
+    conn.send(b"POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, _ = conn.response()
+    assert status == 415 and headers["connection"] == "close"
+    conn.close()
+
+
+# ---------------------------------------------------------------------- settings
+
+
+def test_server_settings_from_flags_env_and_file(tmp_path: Path) -> None:
+    from agui_adapter.config import ConfigError, load_settings
+    from agui_adapter.server import parse_args, server_limits
+
+    defaults = server_limits(load_settings({}, env={}))
+    assert (defaults.keepalive_timeout, defaults.request_timeout, defaults.send_timeout) == (5.0, 30.0, 60.0)
+    assert defaults.max_connections == 1024 and defaults.backlog >= 1024
+    conf = tmp_path / "a.conf"
+    conf.write_text("[agui-adapter]\nkeepalive-timeout-seconds = 7\nmax_connections = 10\n")
+    env = {"IAC_CODE_AGUI_REQUEST_TIMEOUT_SECONDS": "12", "IAC_CODE_AGUI_SEND_TIMEOUT_SECONDS": "9"}
+    flags = vars(parse_args(["--max-connections", "20", "--send-timeout-seconds", "3"]))
+    limits = server_limits(load_settings(flags, env=env, config_path=str(conf)))
+    assert (limits.keepalive_timeout, limits.request_timeout, limits.send_timeout) == (7.0, 12.0, 3.0)
+    assert limits.max_connections == 20
+    env = {"IAC_CODE_AGUI_MAX_CONNECTIONS": "25", "IAC_CODE_AGUI_KEEPALIVE_TIMEOUT_SECONDS": "0.5"}
+    limits = server_limits(load_settings({}, env=env))
+    assert limits.max_connections == 25 and limits.keepalive_timeout == 0.5
+    for name, value in [
+        ("max_connections", "0"),
+        ("max_connections", "many"),
+        ("keepalive_timeout_seconds", "0"),
+        ("request_timeout_seconds", "-1"),
+        ("send_timeout_seconds", "nan"),
+    ]:
+        with pytest.raises(ConfigError, match=name):
+            load_settings({name: value}, env={})
