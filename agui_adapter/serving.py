@@ -624,17 +624,17 @@ class _Response:
         lines = [f"HTTP/1.1 {self.status}"]
         length: int | None = None
         for name, value in self.headers:
+            if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+                raise ValueError(f"a line break in the response header {name!r}")
             lower = name.lower()
             if lower in _HOP_BY_HOP:
                 if lower == "connection" and "close" in value.lower():
                     self.keep_alive = False
                 continue
             if lower == "content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    length = None
-                    continue
+                if not value.strip().isdigit():
+                    continue  # an invalid length is dropped: the body is then chunked
+                length = int(value)
             lines.append(f"{name}: {value}")
         lines.append(f"Date: {_http_date()}")
         if self.no_body or 100 <= code < 200 or code in (204, 304):

@@ -772,3 +772,15 @@ def test_server_settings_from_flags_env_and_file(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ConfigError, match=name):
             load_settings({name: value}, env={})
+
+
+def test_a_response_header_with_a_line_break_is_never_sent(serve: Serve) -> None:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("200 OK", [("X-Evil", "a\r\nSet-Cookie: x=1"), ("Content-Length", "2")])
+        return [b"{}"]
+
+    server = serve(app)
+    conn = Conn(server.server_port)
+    conn.request("GET", "/")
+    status, headers, _ = conn.response()
+    assert status == 500 and "set-cookie" not in headers
