@@ -784,3 +784,24 @@ def test_a_response_header_with_a_line_break_is_never_sent(serve: Serve) -> None
     conn.request("GET", "/")
     status, headers, _ = conn.response()
     assert status == 500 and "set-cookie" not in headers
+
+
+def test_adapter_slow_body_gets_408_while_health_answers(adapter_on: Any, tmp_path: Path) -> None:
+    server = adapter_on(request_timeout=1.0)
+    conn = Conn(server.server_port)
+    body = _run_body("hello", tmp_path / "ws")
+    conn.send(
+        b"POST / HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    stop = threading.Event()
+    trickler = threading.Thread(target=_trickle, args=(conn, body, 0.05, stop), daemon=True)
+    trickler.start()
+    try:
+        assert health_within(server.server_port, 2.0) < 1.0
+        status, headers, raw = conn.response()
+        assert status == 408 and headers["connection"] == "close"
+        assert json.loads(raw)["error"]["code"] == "REQUEST_TIMEOUT"
+    finally:
+        stop.set()
+        trickler.join(5)
