@@ -805,3 +805,33 @@ def test_adapter_slow_body_gets_408_while_health_answers(adapter_on: Any, tmp_pa
     finally:
         stop.set()
         trickler.join(5)
+
+
+def test_each_chunk_is_written_when_it_is_yielded(serve: Serve) -> None:
+    received = threading.Event()
+    nodelay: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        for i in range(3):
+            yield b"data: %d\n\n" % i
+            # the next chunk is produced only once the client has this one: no buffering
+            assert received.wait(5), "the chunk was not sent at once"
+            received.clear()
+
+    server = serve(app)
+    conn = Conn(server.server_port)
+    conn.request("GET", "/")
+    assert wait_for(lambda: bool(server._connections), 2.0)
+    for c in list(server._connections.values()):
+        nodelay.append(c.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    assert nodelay and all(nodelay)
+    assert conn._line().startswith(b"HTTP/1.1 200")
+    while conn._line():
+        pass
+    for i in range(3):
+        size = int(conn._line(), 16)
+        assert conn._exactly(size + 2) == b"data: %d\n\n\r\n" % i
+        received.set()
+    assert conn._line() == b"0"
+    conn.close()
