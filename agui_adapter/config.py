@@ -51,6 +51,10 @@ class Settings:
     stale_task_timeout_seconds: float = 10.0
     # Thread records idle for longer are deleted (``retention.py``); 0 keeps them for ever.
     thread_retention_days: float = 0.0
+    keepalive_timeout_seconds: float = 5.0
+    request_timeout_seconds: float = 30.0
+    send_timeout_seconds: float = 60.0
+    max_connections: int = 1024
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -77,6 +81,10 @@ ENV_NAMES: dict[str, str] = {
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
     "thread_retention_days": "IAC_CODE_AGUI_THREAD_RETENTION_DAYS",
+    "keepalive_timeout_seconds": "IAC_CODE_AGUI_KEEPALIVE_TIMEOUT_SECONDS",
+    "request_timeout_seconds": "IAC_CODE_AGUI_REQUEST_TIMEOUT_SECONDS",
+    "send_timeout_seconds": "IAC_CODE_AGUI_SEND_TIMEOUT_SECONDS",
+    "max_connections": "IAC_CODE_AGUI_MAX_CONNECTIONS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -91,7 +99,23 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be between 1 and 65535, got {port}.")
         return port
-    if name in ("heartbeat_seconds", "interrupt_ttl_seconds", "kernel_ready_timeout", "stale_task_timeout_seconds"):
+    if name == "max_connections":
+        try:
+            count = int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"max_connections must be a positive integer, got {value!r}.") from None
+        if count < 1:
+            raise ConfigError(f"max_connections must be a positive integer, got {value!r}.")
+        return count
+    if name in (
+        "heartbeat_seconds",
+        "interrupt_ttl_seconds",
+        "kernel_ready_timeout",
+        "stale_task_timeout_seconds",
+        "keepalive_timeout_seconds",
+        "request_timeout_seconds",
+        "send_timeout_seconds",
+    ):
         try:
             number = float(str(value).strip())
         except ValueError:

@@ -1,4 +1,4 @@
-"""Start-up: command line, logging, kernel, and the threaded Werkzeug server.
+"""Start-up: command line, logging, kernel, and the threaded HTTP/1.1 server (``serving``).
 
 ``python run.py`` (or the ``agui-adapter`` command) ends up in ``main``. One log line
 says where the adapter listens and which kernel it uses; Ctrl-C (or SIGTERM) stops
@@ -16,14 +16,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from werkzeug.serving import make_server
-
 from . import __version__
 from .a2a import KernelClient
 from .config import KERNEL_CHOICES, LOG_LEVELS, ConfigError, Settings, load_settings
 from .kernels import KernelProcess, KernelStartError, start_kernel
 from .retention import start_retention
 from .runs import RunEngine
+from .serving import ServerLimits, WSGIServer
 from .store import ThreadStore
 from .web import AguiApp
 
@@ -36,6 +35,16 @@ def build_app(settings: Settings, kernel: KernelProcess) -> AguiApp:
     store = ThreadStore(settings.resolved_state_dir())
     engine = RunEngine(store, client, settings)
     return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
+
+
+def server_limits(settings: Settings) -> ServerLimits:
+    """The HTTP server's timeouts and connection limit from the settings."""
+    return ServerLimits(
+        keepalive_timeout=settings.keepalive_timeout_seconds,
+        request_timeout=settings.request_timeout_seconds,
+        send_timeout=settings.send_timeout_seconds,
+        max_connections=settings.max_connections,
+    )
 
 
 def configure_logging(level: str) -> None:
@@ -70,6 +79,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument(
+        "--keepalive-timeout-seconds", dest="keepalive_timeout_seconds", help="idle keep-alive connection lifetime (5)"
+    )
+    parser.add_argument(
+        "--request-timeout-seconds", dest="request_timeout_seconds", help="deadline for a whole request to arrive (30)"
+    )
+    parser.add_argument(
+        "--send-timeout-seconds", dest="send_timeout_seconds", help="a client not reading for this long is gone (60)"
+    )
+    parser.add_argument("--max-connections", dest="max_connections", help="connections served at once (1024)")
     return parser.parse_args(argv)
 
 
@@ -89,12 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         app = build_app(settings, kernel)
-        server = make_server(settings.host, settings.port, app, threaded=True)
+        server = WSGIServer(settings.host, settings.port, app, server_limits(settings))
     except Exception as exc:  # noqa: BLE001 - report and stop the kernel
         kernel.stop()
         print(f"agui-adapter: cannot start: {exc}", file=sys.stderr)
         return 1
-    server.daemon_threads = True
     stopping = threading.Event()
 
     def stop(signum: int, _frame: Any) -> None:

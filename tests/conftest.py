@@ -1,6 +1,7 @@
 """Fixtures and hooks only; the helpers they use live in ``tests/support``.
 
-``adapter`` starts the real WSGI app under Werkzeug's threaded server on a free port
+``adapter`` starts the real WSGI app under the built-in server (``agui_adapter.serving``,
+what ``python run.py`` uses) on a free port
 (in this process, so tests can swap settings cheaply); ``adapter_process`` starts
 ``python run.py`` as a separate process for restart and kill scenarios. Every SSE
 stream read through ``Client`` is checked against the AG-UI 1.0 models and lifecycle

@@ -17,25 +17,24 @@ import time
 from pathlib import Path
 
 import requests
-from werkzeug.serving import make_server
 
 from agui_adapter.config import Settings
 from agui_adapter.kernels import KernelProcess
-from agui_adapter.server import build_app
+from agui_adapter.server import build_app, server_limits
+from agui_adapter.serving import WSGIServer
 from tests.support.agui_client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class InProcessAdapter:
-    """The adapter app served on a real loopback socket by a threaded Werkzeug server."""
+    """The adapter app served on a real loopback socket by the built-in threaded server."""
 
     def __init__(self, settings: Settings, kernel: KernelProcess) -> None:
         self.settings = settings
         self.kernel = kernel
         self.app = build_app(settings, kernel)
-        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
-        self.server.daemon_threads = True
+        self.server = WSGIServer("127.0.0.1", 0, self.app, server_limits(settings))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
