@@ -130,14 +130,8 @@ def tool_end(ts: int, tool_call_id: str) -> Event:
 
 
 def tool_result(ts: int, message_id: str, tool_call_id: str, content: str) -> Event:
-    return _event(
-        "TOOL_CALL_RESULT",
-        ts,
-        messageId=message_id,
-        toolCallId=tool_call_id,
-        content=content,
-        role="tool",
-    )
+    fields = {"messageId": message_id, "toolCallId": tool_call_id, "content": content, "role": "tool"}
+    return _event("TOOL_CALL_RESULT", ts, **fields)
 
 
 def step_started(ts: int, name: str) -> Event:

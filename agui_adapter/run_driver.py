@@ -23,34 +23,11 @@ from queue import Empty
 from typing import TYPE_CHECKING
 
 from . import events as ev
+from . import run_effects as fx
 from .a2a import FrameReader, KernelRejected, KernelUnavailable
 from .events import Event
 from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd
 from .record import Mutation, RetireExecution, StaleExecution
-from .run_effects import (
-    KERNEL_REQUESTS,
-    CancelTask,
-    CancelWhenKnown,
-    Effect,
-    Emit,
-    FetchPipelineState,
-    Finish,
-    Follow,
-    GetTask,
-    KernelAnswer,
-    KernelDown,
-    KernelRefused,
-    Persist,
-    Persisted,
-    PersistFailed,
-    ReleaseThread,
-    Reply,
-    RestoreSession,
-    SendMessage,
-    SendStreaming,
-    StopStream,
-    StopTask,
-)
 from .run_machine import RunMachine
 from .store import StoreError
 from .translate import TERMINAL_STATES, inspect_frame
@@ -129,63 +106,63 @@ class RunDriver:
             if out:
                 yield ev.encode_many(out)
 
-    def _carry_out(self, effects: list[Effect], out: list[Event]) -> Iterator[bytes]:
+    def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order; events go to ``out`` (written by the caller), except
         that what is already decided is written before a kernel call."""
         while effects:
-            reply: Reply | None = None
+            reply: fx.Reply | None = None
             for effect in effects:
                 kind = type(effect)
-                if kind is Emit:
+                if kind is fx.Emit:
                     out.extend(effect.events)  # type: ignore[union-attr]
                     continue
-                if kind in KERNEL_REQUESTS and out:
+                if kind in fx.KERNEL_REQUESTS and out:
                     yield ev.encode_many(out)
                     out.clear()
                 reply = self._perform(effect)
             effects = self.machine.replied(reply, self._clock()) if reply is not None else []
 
-    def _carry_out_quietly(self, effects: list[Effect]) -> None:
+    def _carry_out_quietly(self, effects: list[fx.Effect]) -> None:
         """Effects of a run nobody reads any more: no events, no requests."""
         for effect in effects:
-            if type(effect) is not Emit:
+            if type(effect) is not fx.Emit:
                 self._perform(effect)
 
     # ------------------------------------------------------------------ effects
-    def _perform(self, effect: Effect) -> Reply | None:
-        if isinstance(effect, Persist):
+    def _perform(self, effect: fx.Effect) -> fx.Reply | None:
+        if isinstance(effect, fx.Persist):
             return self._persist(effect)
-        if isinstance(effect, SendStreaming):
+        if isinstance(effect, fx.SendStreaming):
             message = effect.message
             self._open(lambda: self.kernel.send_streaming_message(message))
-        elif isinstance(effect, Follow):
+        elif isinstance(effect, fx.Follow):
             task_id = effect.task_id
             self._open(lambda: self.kernel.follow(task_id))
-        elif isinstance(effect, RestoreSession):
+        elif isinstance(effect, fx.RestoreSession):
             return self._ask(lambda: self.kernel.ensure_restored(effect.cwd, effect.session_id, effect.task_id))
-        elif isinstance(effect, GetTask):
+        elif isinstance(effect, fx.GetTask):
             return self._ask(lambda: (200, self.kernel.get_task(effect.task_id)))
-        elif isinstance(effect, FetchPipelineState):
+        elif isinstance(effect, fx.FetchPipelineState):
             return self._ask(lambda: self.kernel.pipeline_state(effect.params))
-        elif isinstance(effect, SendMessage):
+        elif isinstance(effect, fx.SendMessage):
             return self._ask(lambda: (200, self.kernel.send_message(effect.message)))
-        elif isinstance(effect, StopTask):
+        elif isinstance(effect, fx.StopTask):
             return self._ask(lambda: (200, self._stop_task(effect.task_id)))
-        elif isinstance(effect, CancelTask):
+        elif isinstance(effect, fx.CancelTask):
             self.engine.cancel_task_quietly(effect.task_id)
-        elif isinstance(effect, CancelWhenKnown):
+        elif isinstance(effect, fx.CancelWhenKnown):
             if self._pump is not None:
                 self._pump.cancel_when_known(self._retire_later(effect.execution_id))
-        elif isinstance(effect, StopStream):
+        elif isinstance(effect, fx.StopStream):
             if self._pump is not None:
                 self._pump.stop()
-        elif isinstance(effect, ReleaseThread):
+        elif isinstance(effect, fx.ReleaseThread):
             self._release()
-        elif isinstance(effect, Finish):
+        elif isinstance(effect, fx.Finish):
             log.info("run %s on thread %s: %s", self.run_id, self.thread_id, effect.code or effect.outcome.value)
         return None
 
-    def _persist(self, effect: Persist) -> Reply | None:
+    def _persist(self, effect: fx.Persist) -> fx.Reply | None:
         try:
             record = self.engine.store.update(self.thread_id, effect.mutation)
             if record is None:
@@ -193,19 +170,19 @@ class RunDriver:
         except (StoreError, StaleExecution) as exc:
             reason = str(exc) if isinstance(exc, StoreError) else "the execution ended while the run was live"
             if effect.required:
-                return PersistFailed(reason)
+                return fx.Failed(reason)
             log.warning("run %s: could not record %s: %s", self.run_id, type(effect.mutation).__name__, reason)
             return None
-        return Persisted(record) if effect.required else None
+        return fx.Persisted(record) if effect.required else None
 
-    def _ask(self, call: Callable[[], tuple[int, object]]) -> Reply:
+    def _ask(self, call: Callable[[], tuple[int, object]]) -> fx.Reply:
         try:
             status, body = call()
         except KernelRejected as exc:
-            return KernelRefused(exc)
+            return fx.KernelRefused(exc)
         except KernelUnavailable as exc:
-            return KernelDown(str(exc))
-        return KernelAnswer(status, body)
+            return fx.Failed(str(exc))
+        return fx.KernelAnswer(status, body)
 
     def _stop_task(self, task_id: str) -> object:
         """Cancel a task and wait until the kernel reports it stopped; its last snapshot."""

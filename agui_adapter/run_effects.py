@@ -47,7 +47,7 @@ class Emit:
 @dataclass(slots=True)
 class Persist:
     """Apply a mutation to the thread record. ``required``: the machine waits for
-    ``Persisted`` or ``PersistFailed``; otherwise a failure is only logged."""
+    ``Persisted`` or ``Failed``; otherwise a failure is only logged."""
 
     mutation: Mutation
     required: bool = False
@@ -62,7 +62,8 @@ class SendStreaming:
 
 @dataclass(slots=True)
 class Follow:
-    """Open a kernel stream that follows an existing task (``SubscribeToTask``)."""
+    """Open a kernel stream that follows an existing task (``SubscribeToTask``), or its
+    last snapshot when it no longer runs."""
 
     task_id: str
 
@@ -78,14 +79,17 @@ class RestoreSession:
 
 @dataclass(slots=True)
 class GetTask:
-    """``GetTask`` (reply: ``KernelAnswer`` with the task, ``KernelRefused`` or ``KernelDown``)."""
+    """Is the interrupted task still there? ``GetTask``; the reply is a ``KernelAnswer``
+    with the task, ``KernelRefused`` (-32001: the kernel lost it) or ``Failed``."""
 
     task_id: str
 
 
 @dataclass(slots=True)
 class FetchPipelineState:
-    """The kernel's pipeline journal after a sequence (reply: ``KernelAnswer``)."""
+    """The kernel's pipeline journal after a sequence, and its snapshot unless
+    ``includeSnapshot`` is false; the reply is a ``KernelAnswer`` (or ``Failed``).
+    An answer other than 200 means there is nothing to add."""
 
     params: dict[str, Any]
 
@@ -101,7 +105,9 @@ class StopTask:
 
 @dataclass(slots=True)
 class SendMessage:
-    """A unary ``SendMessage`` (a sideband answer; the message may hold secrets)."""
+    """A unary ``SendMessage``: a sideband answer, taken by the kernel when the call
+    returns (reply: ``KernelAnswer``, ``KernelRefused`` or ``Failed``). The message
+    may hold secrets."""
 
     message: dict[str, Any] = field(repr=False)
 
@@ -170,13 +176,6 @@ class Persisted:
 
 
 @dataclass(slots=True)
-class PersistFailed:
-    """The mutation could not be applied (disk, or the execution ended meanwhile)."""
-
-    reason: str
-
-
-@dataclass(slots=True)
 class KernelAnswer:
     """The kernel answered: an HTTP status and a JSON body (200 and the result for JSON-RPC)."""
 
@@ -192,10 +191,11 @@ class KernelRefused:
 
 
 @dataclass(slots=True)
-class KernelDown:
-    """The kernel could not be reached."""
+class Failed:
+    """The request could not be carried out: the store could not be written (or the
+    execution ended meanwhile), or the kernel could not be reached."""
 
-    detail: str
+    reason: str
 
 
-Reply = Persisted | PersistFailed | KernelAnswer | KernelRefused | KernelDown
+Reply = Persisted | KernelAnswer | KernelRefused | Failed

@@ -44,6 +44,7 @@ import enum
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import events as ev
@@ -61,18 +62,17 @@ from .run_effects import (
     CancelWhenKnown,
     Effect,
     Emit,
+    Failed,
     FetchPipelineState,
     Finish,
     Follow,
     GetTask,
     KernelAnswer,
-    KernelDown,
     KernelRefused,
     Mode,
     Outcome,
     Persist,
     Persisted,
-    PersistFailed,
     ReleaseThread,
     Reply,
     RestoreSession,
@@ -260,30 +260,11 @@ class RunMachine:
     def replied(self, reply: Reply, now: float) -> list[Effect]:
         """The answer to the request that ended the last batch of effects."""
         self._clock(now)
-        phase = self.phase
+        handler = _REPLY_HANDLERS.get(self.phase)
+        if handler is None:
+            raise RuntimeError(f"unexpected reply in phase {self.phase.value}")
         try:
-            if phase is Phase.STOPPING_STALE_TASK:
-                self._on_stale_task_stopped(reply)
-            elif phase is Phase.RESTORING_SESSION:
-                self._on_restored(reply)
-            elif phase is Phase.CHECKING_TASK:
-                self._on_task(reply)
-            elif phase is Phase.RECOVERING_PIPELINE:
-                self._on_pipeline_state(reply, snapshot=True)
-                self._send_answers()
-            elif phase is Phase.SENDING_SIDEBAND:
-                self._on_sideband_sent(reply)
-            elif phase is Phase.RECORDING_IDS:
-                self._on_ids_recorded(reply)
-            elif phase is Phase.ACCEPTING_ANSWER:
-                self._on_answer_accepted(reply)
-            elif phase is Phase.FILLING_GAPS:
-                self._on_pipeline_state(reply, snapshot=False)
-                self._after_gaps()
-            elif phase is Phase.COMMITTING_INTERRUPTS:
-                self._on_interrupts_committed(reply)
-            else:
-                raise RuntimeError(f"unexpected reply in phase {phase.value}")
+            handler(self, reply)
         except AguiError as err:
             self._fail(err)
         return self._take()
@@ -361,7 +342,7 @@ class RunMachine:
             state = inspect_frame({"result": reply.body}).state
             if state not in _TASK_GONE_STATES:
                 log.warning("run %s: an earlier task is still %s; starting anyway", self.run_input.run_id, state)
-        elif isinstance(reply, KernelDown):
+        elif isinstance(reply, Failed):
             raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
         self._send_turn()  # KernelRefused: the kernel no longer knows the task
 
@@ -526,6 +507,14 @@ class RunMachine:
         else:
             self._after_gaps()
 
+    def _on_gaps(self, reply: Reply) -> None:
+        self._on_pipeline_state(reply, snapshot=False)
+        self._after_gaps()
+
+    def _on_snapshot(self, reply: Reply) -> None:
+        self._on_pipeline_state(reply, snapshot=True)
+        self._send_answers()
+
     def _after_gaps(self) -> None:
         if self._commit is not None:
             self._commit_interrupts(self._commit)
@@ -555,8 +544,8 @@ class RunMachine:
 
     def _on_pipeline_state(self, reply: Reply, *, snapshot: bool) -> None:
         """Map what the kernel's journal holds after what the client has (absent: nothing)."""
-        if isinstance(reply, KernelDown):
-            log.warning("run %s: pipeline state unavailable: %s", self.run_input.run_id, reply.detail)
+        if isinstance(reply, Failed):
+            log.warning("run %s: pipeline state unavailable: %s", self.run_input.run_id, reply.reason)
             return
         if not isinstance(reply, KernelAnswer) or reply.status != 200 or not isinstance(reply.body, dict):
             if isinstance(reply, KernelAnswer) and reply.status != 404:
@@ -648,8 +637,8 @@ class RunMachine:
             self.phase = Phase.CHECKING_TASK
 
     def _on_restored(self, reply: Reply) -> None:
-        if isinstance(reply, KernelDown):
-            log.warning("run %s: kernel unavailable before resume: %s", self.run_input.run_id, reply.detail)
+        if isinstance(reply, Failed):
+            log.warning("run %s: kernel unavailable before resume: %s", self.run_input.run_id, reply.reason)
             raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
         if isinstance(reply, KernelAnswer):
             error = reply.body.get("error") if isinstance(reply.body, dict) else None
@@ -747,9 +736,19 @@ class RunMachine:
             self._continue_backlog()
 
 
+#: What a reply means depends on the phase that waits for it (every other phase takes none).
+_REPLY_HANDLERS: dict[Phase, Callable[[RunMachine, Reply], None]] = {
+    Phase.STOPPING_STALE_TASK: RunMachine._on_stale_task_stopped,
+    Phase.RESTORING_SESSION: RunMachine._on_restored,
+    Phase.CHECKING_TASK: RunMachine._on_task,
+    Phase.RECOVERING_PIPELINE: RunMachine._on_snapshot,
+    Phase.SENDING_SIDEBAND: RunMachine._on_sideband_sent,
+    Phase.RECORDING_IDS: RunMachine._on_ids_recorded,
+    Phase.ACCEPTING_ANSWER: RunMachine._on_answer_accepted,
+    Phase.FILLING_GAPS: RunMachine._on_gaps,
+    Phase.COMMITTING_INTERRUPTS: RunMachine._on_interrupts_committed,
+}
+
+
 def _reason(reply: Reply) -> str:
-    if isinstance(reply, PersistFailed):
-        return reply.reason
-    if isinstance(reply, KernelDown):
-        return reply.detail
-    return type(reply).__name__
+    return reply.reason if isinstance(reply, Failed) else type(reply).__name__

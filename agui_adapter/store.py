@@ -226,17 +226,21 @@ class ThreadStore:
             os.chmod(tmp_name, 0o600)
             os.replace(tmp_name, path)
             tmp_name = None
-            dir_fd = os.open(self.threads_dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            self._sync_directory()
         except OSError as exc:
             raise StoreError(f"cannot write the thread state: {exc.strerror}") from exc
         finally:
             if tmp_name is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp_name)
+
+    def _sync_directory(self) -> None:
+        """Make renames and deletions in the threads directory durable."""
+        dir_fd = os.open(self.threads_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def update(self, thread_id: str, mutation: Mutation) -> ThreadRecord | None:
         """Read-modify-write under the record lock; None when the thread is unknown.
@@ -309,11 +313,7 @@ class ThreadStore:
                     for suffix in self._SUFFIXES:  # the record first, the lock files (held) last
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self._lock_path(key, suffix))
-                    dir_fd = os.open(self.threads_dir, os.O_RDONLY | os.O_DIRECTORY)
-                    try:
-                        os.fsync(dir_fd)
-                    finally:
-                        os.close(dir_fd)
+                    self._sync_directory()
                 except OSError as exc:
                     raise StoreError(f"cannot delete the thread state: {exc.strerror}") from exc
                 return True

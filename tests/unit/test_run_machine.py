@@ -33,18 +33,17 @@ from agui_adapter.run_effects import (
     CancelWhenKnown,
     Effect,
     Emit,
+    Failed,
     FetchPipelineState,
     Finish,
     Follow,
     GetTask,
     KernelAnswer,
-    KernelDown,
     KernelRefused,
     Mode,
     Outcome,
     Persist,
     Persisted,
-    PersistFailed,
     ReleaseThread,
     Reply,
     RestoreSession,
@@ -117,12 +116,12 @@ class Bench:
     def _perform(self, effect: Effect) -> Reply | None:
         if isinstance(effect, Persist):
             if type(effect.mutation) in self.failing:
-                return PersistFailed("disk full") if effect.required else None
+                return Failed("disk full") if effect.required else None
             scratch = copy.deepcopy(self.disk)
             try:
                 effect.mutation.apply(scratch)
             except StaleExecution:
-                return PersistFailed("stale") if effect.required else None
+                return Failed("stale") if effect.required else None
             self.disk = scratch
             return Persisted(copy.deepcopy(scratch)) if effect.required else None
         if isinstance(effect, (StopTask, RestoreSession, GetTask, FetchPipelineState, SendMessage)):
@@ -466,7 +465,7 @@ def test_resume_of_a_task_the_kernel_lost_retires_its_interrupts() -> None:
     assert bench.finish.code == Code.EXECUTION_LOST and not bench.of(GetTask)
     assert bench.disk.execution.terminal and bench.disk.session_id is None
     machine, bench = resumed(PERMISSION, answers=answers)
-    bench.replies[RestoreSession] = KernelDown("refused")
+    bench.replies[RestoreSession] = Failed("refused")
     bench.feed(machine.start(NOW))
     assert bench.finish.code == Code.A2A_UNAVAILABLE and set(bench.disk.execution.pending) == {"p1"}
 
