@@ -26,7 +26,7 @@ from .validation import ResumeEntry
 
 @dataclass
 class Answer:
-    """One accepted-for-sending answer and the kernel message part that carries it."""
+    """One answer ready to send, and the kernel message part that carries it."""
 
     interrupt_id: str
     digest: str
@@ -36,7 +36,6 @@ class Answer:
     sideband: bool = False  # a candidate-scope permission: sent as a unary call
     input_response: dict[str, Any] | None = None  # cloud_resource_selection
     result: str | None = None  # the answer text, reported as the tool call's result
-    accepted: bool = False
 
 
 class CancelExecution(Exception):

@@ -1,5 +1,10 @@
 """One AG-UI run as a pure state machine: fed what the kernel says, it answers what to do.
 
+(Longer than the other modules on purpose: it is all the decisions of a run, and the
+order rules below are only trustworthy if the code that keeps them can be read in one
+place. Sections: inputs, endings, frames, the end of a stream, pipelines, interrupts,
+resume; the values it exchanges with the driver are in ``run_effects``.)
+
 Theory of operation
 -------------------
 A ``RunMachine`` is made for one admitted run. It is fed inputs (``start``, kernel
@@ -109,8 +114,14 @@ class Phase(enum.Enum):
     ENDED = "ended"
 
 
-#: Phases that read a kernel stream and take frames.
-READING = frozenset({Phase.STREAMING, Phase.ANSWERING, Phase.GUIDING})
+# The phases that read a kernel stream, as plain names: the frame path runs once per
+# kernel frame, and looking an enum member up on its class is slow on Python 3.11.
+_STREAMING, _ANSWERING, _GUIDING = Phase.STREAMING, Phase.ANSWERING, Phase.GUIDING
+
+
+def _reading(phase: Phase) -> bool:
+    """Whether the phase reads a kernel stream and takes frames."""
+    return phase is _STREAMING or phase is _ANSWERING or phase is _GUIDING
 
 
 def run_tag(run_id: str) -> str:
@@ -205,7 +216,7 @@ class RunMachine:
     def frames(self, frames: list[Any], now: float) -> list[Effect]:
         """Decoded JSON-RPC frames of the kernel stream being read."""
         self._clock(now)
-        if self.phase in READING:
+        if _reading(self.phase):
             self._take_frames(frames)
         return self._take()
 
@@ -371,7 +382,7 @@ class RunMachine:
             except AguiError as err:
                 self._fail(err)
                 return
-            if self.phase not in READING:  # waiting for a write, or over
+            if not _reading(self.phase):  # waiting for a write, or over
                 if not self.ended:
                     self._backlog = frames[index + (1 if done else 0) :]
                 return
@@ -384,12 +395,17 @@ class RunMachine:
         if info.kind == "unknown":
             log.warning("run %s: ignoring an unrecognised kernel frame", self.run_input.run_id)
             return True
-        if self.phase is Phase.GUIDING:
+        phase = self.phase
+        if phase is _GUIDING:
             self._on_guidance_frame(info)
             return True
-        if self._learn_ids(info):
+        if (
+            (info.task_id and info.task_id != self.task_id)
+            or (info.session_id and info.session_id != self.session_id)
+            or (info.context_id and info.context_id != self.record.context_id)
+        ) and self._learn_ids(info):
             return False
-        if self.phase is Phase.ANSWERING and self.answer is not None:
+        if phase is _ANSWERING and self.answer is not None:
             self._accept(self.answer)
             return False
         ts = self._ts

@@ -95,7 +95,7 @@ def run_body(tmp: Path, text: str, index: int, valid: bool = True) -> bytes:
         "tools": [],
         "context": [],
         "messages": [{"id": "m", "role": "user", "content": text}] if valid else "not a list",
-        "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "b", "cwd": str(tmp)}},
+        "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "b", "cwd": str(tmp / "ws")}},
     }
     return json.dumps(body).encode()
 

@@ -133,7 +133,7 @@ def main() -> int:
                 "tools": [],
                 "context": [],
                 "messages": [{"id": "m", "role": "user", "content": f"[FAST {args.deltas}]"}],
-                "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "b", "cwd": str(tmp)}},
+                "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "b", "cwd": str(tmp / "ws")}},
             }
             cpu_before = cpu_seconds(adapter.pid)
             started = time.perf_counter()
