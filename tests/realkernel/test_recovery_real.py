@@ -1,0 +1,111 @@
+"""No dead ends, against the real iac-code 0.16.0 kernel (issue 9, cases 2 and 4).
+
+Real processes and real signals: the adapter is killed with SIGKILL at the moments that
+used to leave a thread stuck, started again on the same state directory, and the next
+requests on the thread must get through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.support.agui_client import Client, resume, run_body
+from tests.support.agui_stream import parse_sse
+from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
+from tests.support.servers import AdapterProcess
+
+from .harness import RealKernel
+
+
+@pytest.fixture
+def start_adapter(real_kernel: RealKernel, tmp_path: Path) -> Iterator[Any]:
+    started: list[AdapterProcess] = []
+
+    def start(*, spawn: bool) -> AdapterProcess:
+        """``run.py`` in front of the module's kernel, or spawning a real kernel of its own."""
+        env = real_kernel.environment()
+        env["IAC_CODE_AGUI_ALLOWED_CWDS"] = str(real_kernel.workdir)
+        env["PYTHONUNBUFFERED"] = "1"
+        args = ["--port", "0", "--state-dir", str(tmp_path / "state")]
+        if spawn:
+            env.pop("IACCODE_A2A_HTTP_TOKEN", None)  # the adapter makes its own
+            env["PATH"] = f"{real_kernel.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+            args += ["--kernel", "iac-code"]
+        else:
+            args += ["--a2a-url", real_kernel.url, "--a2a-token", real_kernel.token]
+        process = AdapterProcess(args, env).start(timeout=90)
+        STATE_DIRS.append(tmp_path / "state")
+        ADAPTER_LOGS.append(process)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def session_when_seen(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a run and read it until the session event; the response is left open."""
+    response = requests.post(
+        url,
+        data=json.dumps(body),
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        stream=True,
+        timeout=60,
+    )
+    raw = b""
+    for chunk in response.iter_content(chunk_size=None):
+        raw += chunk
+        complete = raw[: raw.rfind(b"\n\n") + 2]
+        for event in parse_sse(complete):
+            if event["type"] == "CUSTOM" and event["name"] == "iac-code.session.v1":
+                return dict(event["value"])
+    raise AssertionError("the stream ended before the session event")
+
+
+def task_state(kernel: RealKernel, task_id: str) -> str:
+    response = kernel.rpc("GetTask", {"id": task_id})
+    return str(response["result"]["status"]["state"])
+
+
+def test_an_interrupt_across_a_kill_9_of_adapter_and_its_kernel(start_adapter: Any, real_kernel: RealKernel) -> None:
+    ws = real_kernel.workdir / f"ws-lost-{uuid.uuid4().hex[:6]}"
+    adapter = start_adapter(spawn=True)
+    body = run_body("[WRITE] please write the file", cwd=str(ws), ros="inv-kill")
+    interrupted = Client(adapter.url).run(body)
+    [interrupt] = interrupted.terminal["outcome"]["interrupts"]
+    adapter.kill()  # its kernel goes with it (the lifeline)
+    adapter = start_adapter(spawn=True)
+    client = Client(adapter.url)
+    answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
+    answered = client.run(resume(body, answer))
+    # the real kernel keeps tasks on disk, so the answer may still work; if it cannot, the
+    # interrupt is retired with EXECUTION_LOST: either way the thread is not stuck
+    terminal = answered.terminal
+    assert terminal["type"] == "RUN_FINISHED" or terminal["code"] == "EXECUTION_LOST", terminal
+    again = client.run(run_body("Say hello", thread_id=body["threadId"], cwd=str(ws), ros="inv-kill"))
+    assert again.terminal["type"] == "RUN_FINISHED", again.terminal
+
+
+def test_a_turn_cut_by_a_kill_9_does_not_block_the_next(start_adapter: Any, real_kernel: RealKernel) -> None:
+    ws = real_kernel.workdir / f"ws-stale-{uuid.uuid4().hex[:6]}"
+    adapter = start_adapter(spawn=False)  # the kernel outlives the adapter
+    body = run_body("[SLOW] count slowly", cwd=str(ws))
+    session = session_when_seen(adapter.url, body)
+    adapter.kill()
+    assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_WORKING"
+    adapter = start_adapter(spawn=False)
+    started = time.monotonic()
+    after = Client(adapter.url).run(run_body("Say hello", thread_id=body["threadId"], cwd=str(ws)))
+    assert after.terminal["type"] == "RUN_FINISHED", after.terminal  # not "Task is already working"
+    assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_CANCELED"
+    assert time.monotonic() - started < 30
