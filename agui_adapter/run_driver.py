@@ -30,7 +30,7 @@ from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd
 from .record import Mutation, RetireExecution, StaleExecution
 from .run_machine import RunMachine
 from .store import StoreError
-from .translate import TERMINAL_STATES, inspect_frame
+from .translate import BUSY_STATES, inspect_frame
 
 if TYPE_CHECKING:
     from .runs import Admission, RunEngine
@@ -185,12 +185,13 @@ class RunDriver:
         return fx.KernelAnswer(status, body)
 
     def _stop_task(self, task_id: str) -> object:
-        """Cancel a task and wait until the kernel reports it stopped; its last snapshot."""
+        """Cancel a task and wait until the kernel reports it no longer working (ended, or
+        waiting for input, which does not block a new turn); its last snapshot."""
         self.engine.cancel_task_quietly(task_id)
         deadline = time.monotonic() + self.engine.settings.stale_task_timeout_seconds
         while True:
             task = self.kernel.get_task(task_id)
-            if inspect_frame({"result": task}).state in TERMINAL_STATES or time.monotonic() >= deadline:
+            if inspect_frame({"result": task}).state not in BUSY_STATES or time.monotonic() >= deadline:
                 return task
             time.sleep(0.1)
 

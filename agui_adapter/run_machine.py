@@ -86,7 +86,7 @@ from .run_effects import (
     StopStream,
     StopTask,
 )
-from .translate import FAILURE_STATES, SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
+from .translate import BUSY_STATES, FAILURE_STATES, SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
 from .validation import RunInput
 
 log = logging.getLogger("agui_adapter.run")
@@ -351,7 +351,7 @@ class RunMachine:
     def _on_stale_task_stopped(self, reply: Reply) -> None:
         if isinstance(reply, KernelAnswer):
             state = inspect_frame({"result": reply.body}).state
-            if state not in _TASK_GONE_STATES:
+            if state in BUSY_STATES:
                 log.warning("run %s: an earlier task is still %s; starting anyway", self.run_input.run_id, state)
         elif isinstance(reply, Failed):
             raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)

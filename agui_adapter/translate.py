@@ -27,6 +27,7 @@ from .pipeline import PipelineProgress
 
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected", "auth-required"})
 FAILURE_STATES = frozenset({"failed", "rejected", "auth-required"})
+BUSY_STATES = frozenset({"submitted", "working"})  # a task in these blocks a new turn in its context
 _RESULT_KINDS = ("task", "statusUpdate", "artifactUpdate", "message")
 
 SESSION_EVENT = "iac-code.session.v1"
