@@ -55,6 +55,8 @@ class Settings:
     request_timeout_seconds: float = 30.0
     send_timeout_seconds: float = 60.0
     max_connections: int = 1024
+    # On SIGTERM/SIGINT, how long open runs may go on before they are ended with a final event.
+    shutdown_grace_seconds: float = 10.0
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -85,6 +87,7 @@ ENV_NAMES: dict[str, str] = {
     "request_timeout_seconds": "IAC_CODE_AGUI_REQUEST_TIMEOUT_SECONDS",
     "send_timeout_seconds": "IAC_CODE_AGUI_SEND_TIMEOUT_SECONDS",
     "max_connections": "IAC_CODE_AGUI_MAX_CONNECTIONS",
+    "shutdown_grace_seconds": "IAC_CODE_AGUI_SHUTDOWN_GRACE_SECONDS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -123,6 +126,14 @@ def _coerce(name: str, value: Any) -> Any:
         if not number > 0 or number != number or number == float("inf"):
             raise ConfigError(f"{name} must be a positive number, got {value!r}.")
         return number
+    if name == "shutdown_grace_seconds":
+        try:
+            grace = float(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"shutdown_grace_seconds must be a number of seconds, got {value!r}.") from None
+        if not 0 <= grace < float("inf"):
+            raise ConfigError(f"shutdown_grace_seconds must be 0 or more, got {value!r}.")
+        return grace
     if name == "thread_retention_days":
         text = str(value).strip().lower()
         if text in ("off", "never", "forever"):

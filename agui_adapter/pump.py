@@ -65,7 +65,12 @@ class Unavailable:
     error: KernelUnavailable
 
 
-Item = Chunk | StreamEnd | Rejected | Unavailable
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Nothing from the kernel: the run is asked to look at something else (shutdown)."""
+
+
+Item = Chunk | StreamEnd | Rejected | Unavailable | Wake
 
 
 class PumpState(enum.Enum):
@@ -191,6 +196,13 @@ class KernelPump(threading.Thread):
         except queue.Empty:
             pass
         return items
+
+    def wake(self) -> None:
+        """Wake the run waiting in ``get`` (any thread); a full queue wakes it anyway."""
+        try:
+            self._queue.put_nowait(Wake())
+        except queue.Full:
+            pass
 
     def stop(self) -> None:
         """Stop reading and close the kernel stream (any thread)."""

@@ -17,6 +17,7 @@ carries out its answer the same way.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from queue import Empty
@@ -26,7 +27,7 @@ from . import events as ev
 from . import run_effects as fx
 from .a2a import FrameReader, KernelRejected, KernelUnavailable
 from .events import Event
-from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd
+from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
 from .record import Mutation, RetireExecution, StaleExecution
 from .run_machine import RunMachine
 from .store import StoreError
@@ -51,6 +52,7 @@ class RunDriver:
         self._pump: KernelPump | None = None
         self._reader = FrameReader()
         self._body = self._stream()
+        self._shutdown = threading.Event()
         self._clock: Callable[[], float] = engine.clock
 
     # ------------------------------------------------------------------ WSGI iterable
@@ -69,6 +71,14 @@ class RunDriver:
                 self._carry_out_quietly(self.machine.client_gone(self._clock()))
             if self._pump is not None:
                 self._pump.stop()
+            self.engine.run_ended(self)
+
+    def shut_down(self) -> None:
+        """From another thread: end the run now with its final event (``shutting_down``)."""
+        self._shutdown.set()
+        pump = self._pump
+        if pump is not None:
+            pump.wake()
 
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:
@@ -83,9 +93,15 @@ class RunDriver:
             try:
                 items = self._pump.get(timeout=heartbeat)
             except Empty:
+                items = []
+            out = []
+            if self._shutdown.is_set():
+                yield from self._carry_out(machine.shutting_down(self._clock()), out)
+                yield ev.encode_many(out)
+                return
+            if not items:
                 yield ev.HEARTBEAT
                 continue
-            out = []
             for item in items:
                 now = self._clock()
                 if type(item) is Chunk:
@@ -98,8 +114,10 @@ class RunDriver:
                     effects = machine.stream_ended(now)
                 elif type(item) is Rejected:
                     effects = machine.kernel_rejected(item.error, now)
-                else:
+                elif type(item) is Unavailable:
                     effects = machine.kernel_unavailable(str(item.error), now)
+                else:  # Wake
+                    continue
                 yield from self._carry_out(effects, out)
                 if machine.ended:
                     break
@@ -201,6 +219,8 @@ class RunDriver:
         self._reader = FrameReader()
         self._pump = KernelPump(open_stream, name=f"kernel-pump-{self.run_id[:16]}")
         self._pump.start()
+        if self._shutdown.is_set():
+            self._pump.wake()
 
     def _retire_later(self, execution_id: str) -> Callable[[str], None]:
         """For an abandoned stream whose task id only the reader will learn."""

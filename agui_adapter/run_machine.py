@@ -9,7 +9,7 @@ Theory of operation
 -------------------
 A ``RunMachine`` is made for one admitted run. It is fed inputs (``start``, kernel
 ``frames``, ``stream_ended``, ``kernel_rejected``, ``kernel_unavailable``,
-``client_gone``, and ``replied`` for the effects that wait for an answer), each with
+``client_gone``, ``shutting_down``, and ``replied`` for the effects that wait for an answer), each with
 the current time, and returns *effects* (``run_effects``): events to emit, store
 mutations to apply, kernel calls to make, the thread to release, and the run's end.
 It does no I/O and reads no clock; ``run_driver`` carries the effects out in order.
@@ -250,14 +250,33 @@ class RunMachine:
         return self._take()
 
     def client_gone(self, now: float) -> list[Effect]:
-        """The client went away (or the server is stopping) before the run ended."""
+        """The client went away (or the server closed the response) before the run ended."""
         self._clock(now)
         if self.ended:
             return []
-        started = self.phase is not Phase.READY
+        self._stop_kernel_work("client went away")
         self.phase, self.outcome = Phase.ENDED, Outcome.ABANDONED
+        self._effects += [ReleaseThread(), Finish(Outcome.ABANDONED)]
+        return self._take()
+
+    def shutting_down(self, now: float) -> list[Effect]:
+        """The adapter is stopping and the run did not end in its grace period: its kernel
+        work stops as on a disconnect, and the client gets a final ``RUN_ERROR CANCELLED``."""
+        self._clock(now)
+        if self.ended:
+            return []
+        self._stop_kernel_work("the adapter is shutting down")
+        events = self.translator.fail(self._ts, Code.CANCELLED, self._t(msg.SHUTTING_DOWN))
+        self._effects += [ReleaseThread(), Emit(events), Finish(Outcome.ERROR, Code.CANCELLED)]
+        self.phase, self.outcome = Phase.ENDED, Outcome.ERROR
+        return self._take()
+
+    def _stop_kernel_work(self, why: str) -> None:
+        """Rule 5: cancel the kernel task and retire the execution, unless interrupts are
+        pending (they stay answerable) or the run is guidance (the pipeline is not its own)."""
+        started = self.phase is not Phase.READY
         if started and self.mode is not Mode.GUIDANCE and not self.record.execution.waiting:
-            log.info("run %s: client went away; cancelling the kernel task", self.run_input.run_id)
+            log.info("run %s: %s; cancelling the kernel task", self.run_input.run_id, why)
             if self.task_id:
                 self._effects.append(StopStream())
                 self._cancel_and_retire()
@@ -265,8 +284,6 @@ class RunMachine:
                 self._effects.append(CancelWhenKnown(self.execution_id))
         else:
             self._effects.append(StopStream())
-        self._effects += [ReleaseThread(), Finish(Outcome.ABANDONED)]
-        return self._take()
 
     def replied(self, reply: Reply, now: float) -> list[Effect]:
         """The answer to the request that ended the last batch of effects."""

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -80,6 +81,8 @@ class RunEngine:
         self.settings = settings
         self.clock = clock
         self._env = dict(os.environ if env is None else env)
+        self._live: set[RunDriver] = set()  # runs whose response is open
+        self._live_lock = threading.Lock()
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
 
@@ -199,7 +202,33 @@ class RunEngine:
             interrupt_ttl_seconds=self.settings.interrupt_ttl_seconds,
             stale_task_id=admission.stale_task_id,
         )
-        return RunDriver(self, admission, machine)
+        driver = RunDriver(self, admission, machine)
+        with self._live_lock:
+            self._live.add(driver)
+        return driver
+
+    def run_ended(self, driver: RunDriver) -> None:
+        with self._live_lock:
+            self._live.discard(driver)
+
+    def live_runs(self) -> int:
+        with self._live_lock:
+            return len(self._live)
+
+    def shut_down_runs(self, grace_seconds: float, flush_seconds: float = 5.0) -> int:
+        """Graceful shutdown: let the live runs end by themselves for ``grace_seconds``,
+        then end the others with their final event; how many had to be ended."""
+        deadline = time.monotonic() + grace_seconds
+        while self.live_runs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._live_lock:
+            remaining = list(self._live)
+        for driver in remaining:
+            driver.shut_down()
+        deadline = time.monotonic() + flush_seconds
+        while self.live_runs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(remaining)
 
     # ================================================================== cancel
     def cancel_execution(self, thread_id: str, ros_invocation_id: str, execution_id: str) -> str:

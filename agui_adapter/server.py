@@ -89,6 +89,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--send-timeout-seconds", dest="send_timeout_seconds", help="a client not reading for this long is gone (60)"
     )
     parser.add_argument("--max-connections", dest="max_connections", help="connections served at once (1024)")
+    parser.add_argument(
+        "--shutdown-grace-seconds", dest="shutdown_grace_seconds", help="time open runs get on SIGTERM (10)"
+    )
     return parser.parse_args(argv)
 
 
@@ -113,12 +116,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         kernel.stop()
         print(f"agui-adapter: cannot start: {exc}", file=sys.stderr)
         return 1
-    stopping = threading.Event()
+    stopping, stopped = threading.Event(), threading.Event()
+
+    def graceful_stop() -> None:
+        """No new connections; open runs get the grace period, then a final event; then stop."""
+        try:
+            server.stop_accepting()
+            ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds)
+            if ended:
+                log.info("ended %d open run(s) at shutdown", ended)
+            server.wait_idle(2.0)
+            server.shutdown()
+        finally:
+            stopped.set()
 
     def stop(signum: int, _frame: Any) -> None:
         if not stopping.is_set():
             stopping.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
+            log.info("stopping (signal %d): open runs get %ss", signum, settings.shutdown_grace_seconds)
+            threading.Thread(target=graceful_stop, name="graceful-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -135,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     retention = start_retention(settings)
     try:
         server.serve_forever()
+        if stopping.is_set():
+            stopped.wait(settings.shutdown_grace_seconds + 10)
     finally:
         if retention is not None:
             retention.stop()

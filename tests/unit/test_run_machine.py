@@ -536,3 +536,24 @@ def test_a_body_closed_before_the_first_write_only_releases_the_thread() -> None
     machine = RunMachine(validate_run_input(body()), mode=Mode.TURN, record=record, language="en")
     effects = machine.client_gone(NOW)
     assert [type(e) for e in effects] == [StopStream, ReleaseThread, Finish]
+
+
+def test_shutting_down_ends_the_run_with_a_final_event_and_stops_the_task() -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames(frames("01-normal-text.sse.txt")[:5], NOW))  # a text message is open
+    bench.feed(machine.shutting_down(NOW))
+    types = bench.types()
+    assert types[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
+    assert bench.finish.code == Code.CANCELLED and "shutting down" in bench.events[-1]["message"]
+    assert [c.task_id for c in bench.of(CancelTask)] == [machine.task_id] and bench.disk.execution.terminal
+    assert_release_before_final(bench)
+    assert machine.shutting_down(NOW) == [] and machine.client_gone(NOW) == []
+
+
+def test_shutting_down_keeps_pending_interrupts() -> None:
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers)
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.shutting_down(NOW))
+    assert bench.finish.code == Code.CANCELLED and not bench.of(CancelTask)
+    assert set(bench.disk.execution.pending) == {"p1"}
