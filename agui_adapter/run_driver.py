@@ -8,10 +8,11 @@ be written as one chunk per wake-up (``: heartbeat`` comments while the kernel i
 silent). Events already decided are written before a kernel call that may take a
 while (RUN_STARTED before a Resume's checks, say).
 
-The run lock is released in one place, ``_release``, reached only through the
-machine's ``ReleaseThread``; when the client goes away, or the server closes the
-body before its first write, ``close()`` asks the machine (``client_gone``) and
-carries out its answer the same way.
+The run lock is released in one place, ``_release``, reached through the machine's
+``ReleaseThread`` (when the client goes away, or the server closes the body before its
+first write, ``close()`` asks the machine, ``client_gone``, and carries out its answer
+the same way) and through ``release_now``, by which the cancel extension frees the
+thread at once even while this run's writer is blocked on a client that stopped reading.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class RunDriver:
         self.run_id = admission.run_id
         self.machine = machine
         self._run_lock = admission.run_lock
+        self._release_lock = threading.Lock()
         self._pump: KernelPump | None = None
         self._reader = FrameReader()
         self._body = self._stream()
@@ -236,8 +238,14 @@ class RunDriver:
 
         return cancel_and_retire
 
+    def release_now(self) -> None:
+        """From another thread: give the thread back at once, whatever the writer is blocked on
+        (the cancel extension retired the execution; the run itself ends when it next runs)."""
+        self._release()
+
     def _release(self) -> None:
-        """The only place a run gives its thread back."""
-        lock, self._run_lock = self._run_lock, None
+        """The only place a run gives its thread back (once, from whichever thread comes first)."""
+        with self._release_lock:
+            lock, self._run_lock = self._run_lock, None
         if lock is not None:
             lock.release()

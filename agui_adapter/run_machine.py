@@ -223,6 +223,8 @@ class RunMachine:
     def stream_ended(self, now: float) -> list[Effect]:
         """The kernel closed the stream being read."""
         self._clock(now)
+        if self.ended:
+            return []
         try:
             if self.phase is Phase.GUIDING or self.phase is Phase.ANSWERING:
                 raise AguiError(Code.A2A_UNAVAILABLE, msg.RESUME_NOT_ACCEPTED)
@@ -237,12 +239,16 @@ class RunMachine:
     def kernel_rejected(self, error: KernelRejected, now: float) -> list[Effect]:
         """The kernel refused the call that opened the stream (JSON-RPC error)."""
         self._clock(now)
+        if self.ended:
+            return []
         self._fail(self._rejection(error))
         return self._take()
 
     def kernel_unavailable(self, detail: str, now: float) -> list[Effect]:
         """The kernel could not be reached, or the stream broke."""
         self._clock(now)
+        if self.ended:
+            return []
         log.warning("run %s: kernel unavailable: %s", self.run_input.run_id, detail)
         if self.mode is not Mode.GUIDANCE and not self.record.execution.waiting:
             self._cancel_and_retire()

@@ -264,8 +264,16 @@ class RunEngine:
         except StoreError as exc:
             log.error("cancel on thread %s: %s", thread_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        self._free_thread_of(execution_id)
         log.info("execution %s on thread %s cancelled", execution_id, thread_id)
         return "cancelled"
+
+    def _free_thread_of(self, execution_id: str) -> None:
+        """A live run of a cancelled execution (here) gives its thread back now."""
+        with self._live_lock:
+            drivers = [d for d in self._live if d.machine.execution_id == execution_id]
+        for driver in drivers:
+            driver.release_now()
 
     def _kernel_lost(self, task_id: str | None) -> bool:
         """Whether the kernel says the task is gone (unknown, or ended); a kernel that does

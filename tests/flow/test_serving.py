@@ -712,6 +712,38 @@ def test_adapter_client_that_stops_reading_has_its_kernel_task_cancelled(
     nxt.close()
 
 
+def test_cancel_frees_the_thread_of_a_client_that_stopped_reading_at_once(
+    adapter_on: Any, scripted_kernel: Any, tmp_path: Path
+) -> None:
+    server = adapter_on()  # the default send timeout (60 s) is not what frees it
+    conn = Conn(server.server_port, timeout=20, rcvbuf=4096)
+    body = _run_body("[FAST 5000000]", tmp_path / "ws")
+    conn.request("POST", "/", body, SSE)
+    data = b""
+    while b"iac-code.session.v1" not in data or b'"taskId":"' not in data.split(b"iac-code.session.v1")[1]:
+        chunk = conn.sock.recv(4096)
+        assert chunk, data
+        data += chunk
+    session = data.split(b"iac-code.session.v1")[1]
+    task_id = session.split(b'"taskId":"')[1].split(b'"')[0].decode()
+    execution_id = session.split(b'"executionId":"')[1].split(b'"')[0].decode()
+    time.sleep(0.5)  # the client reads nothing more: the writer blocks on a full socket
+    thread_id = json.loads(body)["threadId"]
+    cancel = Conn(server.server_port)
+    cancel_body = json.dumps({"threadId": thread_id, "rosInvocationId": "inv-1"}).encode()
+    path = f"/extensions/iac-code/v1/executions/{execution_id}/cancel"
+    cancel.request("POST", path, cancel_body, {"Content-Type": "application/json"})
+    status, _, raw = cancel.response()
+    assert status == 200 and json.loads(raw)["status"] == "cancelled"
+    assert _task_cancelled(scripted_kernel, task_id)
+    nxt = Conn(server.server_port)
+    nxt.request("POST", "/", _run_body("hello", tmp_path / "ws", thread_id=thread_id), SSE)
+    status, _, raw = nxt.response()
+    assert status == 200 and b'"RUN_FINISHED"' in raw  # not 409 THREAD_BUSY
+    for c in (conn, cancel, nxt):
+        c.close()
+
+
 def test_adapter_disconnect_is_still_noticed_through_heartbeats(
     adapter_on: Any, scripted_kernel: Any, tmp_path: Path
 ) -> None:
