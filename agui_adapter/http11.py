@@ -1,0 +1,436 @@
+"""HTTP/1.1 wire rules of the built-in server, with no I/O (sans-I/O, in the manner of h11).
+
+Why it exists: what the bytes of a request and a response mean is decided here, apart from
+sockets, threads and clocks, so that every rule is a function of bytes and values that a
+unit test can call (``tests/unit/test_http11.py``), and the server (``serving.py``, with
+the socket reads and writes of one connection in ``connection.py``) only moves bytes and
+keeps time. The subset is what a WSGI server needs:
+
+- the request head: where it ends in the received bytes (empty lines before it skipped),
+  the request line, the headers, their limits (414, 431), and every refusal as a
+  ``ProtocolError`` that carries the status and the code the server answers with;
+- the request body's framing: ``Content-Length``, chunked, or none (a request without
+  either has an empty body), with the conflicts refused (400, 501);
+- a chunked body decoder fed bytes as they arrive (chunk-size lines, the CRLF after each
+  chunk's data, trailers), which hands back the bytes past the body (the next request);
+- the response head: the status line, the application's headers without the hop-by-hop
+  ones, ``Date``, the framing (``Content-Length``, chunked on HTTP/1.1, close on
+  HTTP/1.0, none for ``HEAD``, 1xx, 204 and 304) and the ``Connection`` header;
+- the server's own answers, JSON like the application's: ``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from functools import lru_cache
+from http import HTTPStatus
+from typing import Literal
+
+MAX_REQUEST_LINE = 8 * 1024
+MAX_CHUNK_LINE = 4 * 1024
+MAX_TRAILERS = 8 * 1024
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+"""The interim answer to ``Expect: 100-continue``."""
+LAST_CHUNK = b"0\r\n\r\n"
+"""The end of a chunked response body (no trailers)."""
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer"))
+_LINE_ENDS = (b"\r\n", b"\n")
+
+Headers = list[tuple[str, str]]
+ResponseFraming = Literal["length", "chunked", "close", "none"]
+"""How a response body is delimited: ``Content-Length``, chunked, by closing, or no body."""
+
+
+class ProtocolError(Exception):
+    """The request breaks the wire rules: the server answers ``status`` with the JSON error
+    ``code`` and ``message``, then closes the connection."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _bad_request(message: str) -> ProtocolError:
+    return ProtocolError(400, "BAD_REQUEST", message)
+
+
+def _line_too_long() -> ProtocolError:
+    return ProtocolError(414, "URI_TOO_LONG", "The request line is too long.")
+
+
+# ====================================================================== the request head
+def take_head(buf: bytes, limit: int, scanned: int = 0) -> tuple[bytes | None, bytes]:
+    """Split the request head (request line and headers, through the blank line) off ``buf``.
+
+    Empty lines before a request are skipped. Returns ``(head, rest)``; while the head is
+    incomplete, ``(None, buf)`` with those empty lines dropped: call again with more bytes
+    appended and ``scanned``, the length of the ``buf`` returned, so that the search
+    resumes. A head that outgrows ``limit`` bytes (or its request line
+    ``MAX_REQUEST_LINE``) raises ``ProtocolError`` 414 or 431.
+    """
+    if buf[:1] in (b"\r", b"\n"):
+        buf = buf.lstrip(b"\r\n")
+    match = _HEAD_END.search(buf, max(0, scanned - 3))
+    if match:
+        return buf[: match.end()], buf[match.end() :]
+    if len(buf) > limit:
+        if b"\n" not in buf and len(buf) > MAX_REQUEST_LINE:
+            raise _line_too_long()
+        raise ProtocolError(431, "HEADERS_TOO_LARGE", "The request headers are too large.")
+    if len(buf) > MAX_REQUEST_LINE and b"\n" not in buf:
+        raise _line_too_long()
+    return None, buf
+
+
+@dataclass(frozen=True)
+class BodyFraming:
+    """How the request body is delimited: ``length`` bytes, chunked, or none (empty)."""
+
+    length: int | None = None
+    chunked: bool = False
+
+    @property
+    def kind(self) -> Literal["length", "chunked", "none"]:
+        if self.chunked:
+            return "chunked"
+        return "none" if self.length is None else "length"
+
+
+@dataclass
+class Request:
+    """A parsed request head."""
+
+    method: str
+    target: str
+    """As sent: origin form (``/path?query``), absolute form, or ``*``."""
+    path: str
+    """Still percent-encoded."""
+    query: str
+    version: str
+    """``HTTP/1.1`` or ``HTTP/1.0``."""
+    headers: Headers = field(default_factory=list)
+    keep_alive: bool = True
+    """What the client asks for (``Connection`` and the version); the response may still close."""
+    body: BodyFraming = BodyFraming()
+
+    @property
+    def length(self) -> int | None:
+        return self.body.length
+
+    @property
+    def chunked(self) -> bool:
+        return self.body.chunked
+
+    @property
+    def expects_continue(self) -> bool:
+        """The client waits for ``100 Continue`` before it sends its body."""
+        if not (self.body.length or self.body.chunked) or self.version != "HTTP/1.1":
+            return False
+        return any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in self.headers)
+
+
+def parse_request_head(head: bytes, max_headers: int) -> Request:
+    """The request line and headers of ``head`` (as ``take_head`` returns it).
+
+    Raises ``ProtocolError``: 400 for a malformed line, header or length, 414 for a long
+    request line, 431 beyond ``max_headers`` headers, 501 for a transfer coding other than
+    chunked, 505 for an HTTP version other than 1.0 and 1.1.
+    """
+    lines = head.decode("latin-1").split("\n")
+    method, target, version = _request_line(lines[0].rstrip("\r"))
+    path, query = _split_target(target)
+    headers: Headers = []
+    for raw in lines[1:]:
+        line = raw.rstrip("\r")
+        if not line:
+            break
+        if len(headers) >= max_headers:
+            raise ProtocolError(431, "HEADERS_TOO_LARGE", "The request has too many headers.")
+        name, sep, value = line.partition(":")
+        if not sep or not _TOKEN.fullmatch(name) or "\x00" in value:  # also refuses obs-fold
+            raise _bad_request("A request header is malformed.")
+        headers.append((name, value.strip(" \t")))
+    return Request(
+        method,
+        target,
+        path,
+        query,
+        version,
+        headers,
+        keep_alive=wants_keep_alive(version, headers),
+        body=body_framing(version, headers),
+    )
+
+
+def _request_line(line: str) -> tuple[str, str, str]:
+    if len(line) > MAX_REQUEST_LINE:
+        raise _line_too_long()
+    parts = line.split(" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or "\x00" in line:
+        raise _bad_request("The request line is malformed.")
+    method, target, version = parts
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        if re.fullmatch(r"HTTP/\d\.\d", version):
+            raise ProtocolError(505, "HTTP_VERSION_NOT_SUPPORTED", "Only HTTP/1.0 and HTTP/1.1 are supported.")
+        raise _bad_request("The request line is malformed.")
+    return method, target, version
+
+
+def _split_target(target: str) -> tuple[str, str]:
+    """The path and the query of a request target."""
+    if target.startswith("/"):
+        path, _, query = target.partition("?")
+        return path, query
+    if target == "*":
+        return "*", ""
+    if target.lower().startswith(("http://", "https://")):
+        rest = target.split("://", 1)[1]
+        slash = rest.find("/")
+        path, _, query = ("/" if slash < 0 else rest[slash:]).partition("?")
+        return path, query
+    raise _bad_request("The request target is malformed.")
+
+
+def _values(headers: Headers, name: str) -> list[str]:
+    """The comma-separated values of every header called ``name``, stripped."""
+    return [v.strip() for n, value in headers if n.lower() == name for v in value.split(",")]
+
+
+def body_framing(version: str, headers: Headers) -> BodyFraming:
+    """The request body's framing; ``ProtocolError`` when the headers conflict or are invalid."""
+    encodings = [v.lower() for v in _values(headers, "transfer-encoding") if v]
+    lengths = set(_values(headers, "content-length"))
+    if encodings:
+        if lengths:
+            raise _bad_request("Content-Length and Transfer-Encoding are both present.")
+        if encodings != ["chunked"]:
+            raise ProtocolError(501, "NOT_IMPLEMENTED", "Only the chunked transfer coding is supported.")
+        if version == "HTTP/1.0":
+            raise _bad_request("Chunked bodies need HTTP/1.1.")
+        return BodyFraming(chunked=True)
+    if not lengths:
+        return BodyFraming()
+    value = lengths.pop() if len(lengths) == 1 else ""
+    if not value.isdigit() or not value.isascii() or len(value) > 18:
+        raise _bad_request("The Content-Length header is invalid.")
+    return BodyFraming(length=int(value))
+
+
+def wants_keep_alive(version: str, headers: Headers) -> bool:
+    """Whether the client asks to keep the connection: HTTP/1.1 unless ``Connection: close``,
+    HTTP/1.0 only with ``Connection: keep-alive``."""
+    connection = [v.lower() for v in _values(headers, "connection")]
+    if version == "HTTP/1.1":
+        return "close" not in connection
+    return "keep-alive" in connection
+
+
+# ====================================================================== a chunked request body
+def parse_chunk_size(line: bytes) -> int:
+    """The size of a chunk-size line (through its LF; extensions ignored); ``ProtocolError`` 400."""
+    size = line.split(b";", 1)[0].strip(b" \t\r\n")
+    if not line.endswith(b"\n") or not size or len(size) > 15 or not _HEX.issuperset(size):
+        raise _bad_chunk()
+    return int(size, 16)
+
+
+def _bad_chunk() -> ProtocolError:
+    return _bad_request("The chunked request body is malformed.")
+
+
+class ChunkedDecoder:
+    """A chunked request body, decoded from the bytes fed to it as they arrive.
+
+    ``feed(data)`` adds received bytes; ``read(size)`` returns body data (at most ``size``
+    bytes, all that is at hand for -1), ``b""`` once the body is over (the last chunk and
+    the trailers, which are dropped), or None when it needs more bytes first; a framing
+    error raises ``ProtocolError`` 400. Once over, ``unused`` holds the bytes fed past
+    the body (the start of the connection's next request).
+    """
+
+    __slots__ = ("_buf", "_state", "_left", "_trailer_bytes")
+
+    _SIZE, _DATA, _DATA_END, _TRAILERS, _DONE = range(5)
+    _LINE_LIMITS = {_SIZE: MAX_CHUNK_LINE, _DATA_END: 3, _TRAILERS: MAX_TRAILERS}
+    """The longest line each state reads (``3``: the CRLF, or LF, after a chunk's data)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._state = self._SIZE
+        self._left = 0
+        self._trailer_bytes = 0
+
+    @property
+    def done(self) -> bool:
+        return self._state == self._DONE
+
+    @property
+    def unused(self) -> bytes:
+        """The bytes fed past the end of the body (empty until it is over)."""
+        return self._buf if self.done else b""
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def read(self, size: int = -1) -> bytes | None:
+        while True:
+            state = self._state
+            if state == self._DONE:
+                return b""
+            if state == self._DATA:
+                if not self._buf:
+                    return None
+                take = self._left if size < 0 else min(size, self._left)
+                data, self._buf = self._buf[:take], self._buf[take:]
+                self._left -= len(data)
+                if self._left == 0:
+                    self._state = self._DATA_END
+                return data
+            line = self._line(self._LINE_LIMITS[state])
+            if line is None:
+                return None
+            if state == self._SIZE:
+                self._left = parse_chunk_size(line)
+                self._state = self._DATA if self._left else self._TRAILERS
+            elif state == self._DATA_END:
+                if line not in _LINE_ENDS:
+                    raise _bad_chunk()
+                self._state = self._SIZE
+            else:
+                self._trailer_bytes += len(line)
+                if not line.endswith(b"\n") or self._trailer_bytes > MAX_TRAILERS:
+                    raise _bad_chunk()
+                if line in _LINE_ENDS:
+                    self._state = self._DONE
+
+    def _line(self, limit: int) -> bytes | None:
+        """Up to and including the next LF, or the first ``limit`` bytes; None until either is here."""
+        end = self._buf.find(b"\n", 0, limit)
+        if end >= 0:
+            end += 1
+        elif len(self._buf) >= limit:
+            end = limit
+        else:
+            return None
+        line, self._buf = self._buf[:end], self._buf[end:]
+        return line
+
+
+def encode_chunk(data: bytes, head: bytes = b"") -> bytes:
+    """``data`` as one chunk of a chunked response body, after ``head`` (the response head
+    when this is the first write). Empty data would end the body: send nothing instead."""
+    return b"".join((head, b"%x\r\n" % len(data), data, b"\r\n"))
+
+
+# ====================================================================== the response head
+@dataclass
+class ResponseHead:
+    """The head of a response to ``request``, its framing decided (see ``plan_response``).
+
+    The server may still clear ``keep_alive`` (it is draining, or the request's body was
+    not read) before ``encode``, which writes the ``Connection`` header accordingly.
+    """
+
+    status: str
+    headers: Headers
+    """The application's headers as sent: hop-by-hop ones and an invalid length dropped."""
+    framing: ResponseFraming
+    length: int
+    """The body's length with ``length`` framing."""
+    keep_alive: bool
+    version: str
+    """The request's version."""
+
+    @property
+    def no_body(self) -> bool:
+        return self.framing == "none"
+
+    def encode(self, date: str) -> bytes:
+        lines = [f"HTTP/1.1 {self.status}"]
+        lines += [f"{name}: {value}" for name, value in self.headers]
+        lines.append(f"Date: {date}")
+        if self.framing == "chunked":
+            lines.append("Transfer-Encoding: chunked")
+        if not self.keep_alive:
+            lines.append("Connection: close")
+        elif self.version == "HTTP/1.0":
+            lines.append("Connection: keep-alive")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def plan_response(status: str, headers: Iterable[tuple[str, str]], request: Request) -> ResponseHead:
+    """The framing and keep-alive of the response ``status``/``headers`` (a WSGI status line
+    and header list) to ``request``.
+
+    A ``Content-Length`` keeps the connection alive; without one the body is chunked on
+    HTTP/1.1 and ends with the connection on HTTP/1.0. ``HEAD``, 1xx, 204 and 304 have no
+    body. ``Connection: close`` from the application closes; the other hop-by-hop headers
+    are the server's and dropped. A line break in a header raises ``ValueError``.
+    """
+    code = int(status[:3])
+    keep_alive = request.keep_alive
+    sent: Headers = []
+    length: int | None = None
+    for name, value in headers:
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"a line break in the response header {name!r}")
+        lower = name.lower()
+        if lower in _HOP_BY_HOP:
+            if lower == "connection" and "close" in value.lower():
+                keep_alive = False
+            continue
+        if lower == "content-length":
+            if not value.strip().isdigit():
+                continue  # an invalid length is dropped: the body is then chunked
+            length = int(value)
+        sent.append((name, value))
+    framing: ResponseFraming
+    if request.method == "HEAD" or 100 <= code < 200 or code in (204, 304):
+        framing = "none"
+    elif length is not None:
+        framing = "length"
+    elif request.version == "HTTP/1.1":
+        framing = "chunked"
+    else:
+        framing, keep_alive = "close", False
+    return ResponseHead(status, sent, framing, length or 0, keep_alive, request.version)
+
+
+# ====================================================================== the server's own answers
+@lru_cache(maxsize=4)
+def _date_of_second(second: int) -> str:
+    return formatdate(second, usegmt=True)
+
+
+def http_date(timestamp: float) -> str:
+    """The ``Date`` header value of a Unix time (computed once a second)."""
+    return _date_of_second(int(timestamp))
+
+
+def error_body(code: str, message: str) -> bytes:
+    """The JSON error body, as the application writes it: ``{"error": {"code", "message"}}``."""
+    return json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
+
+
+def error_response(status: int, code: str, message: str, date: str, extra: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A whole response of the server's own, a JSON error, after which the connection closes."""
+    body = error_body(code, message)
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Cache-Control: no-store",
+        f"Date: {date}",
+    ]
+    lines += [f"{k}: {v}" for k, v in extra]
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

@@ -1,0 +1,512 @@
+"""The HTTP/1.1 wire rules (``agui_adapter.http11``) on bytes and values: no sockets, no clock.
+
+The same rules run over real sockets in ``tests/flow/test_serving.py``; here every case is
+a function call: request heads good and bad, the body framing, chunked bodies fed in
+pieces, response heads for each framing, and the server's JSON errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agui_adapter.http11 import (
+    LAST_CHUNK,
+    MAX_CHUNK_LINE,
+    MAX_REQUEST_LINE,
+    BodyFraming,
+    ChunkedDecoder,
+    ProtocolError,
+    Request,
+    body_framing,
+    encode_chunk,
+    error_body,
+    error_response,
+    http_date,
+    parse_chunk_size,
+    parse_request_head,
+    plan_response,
+    take_head,
+    wants_keep_alive,
+)
+
+DATE = "Wed, 02 Dec 2026 19:00:00 GMT"
+
+
+def request(head: bytes, max_headers: int = 100) -> Request:
+    return parse_request_head(head, max_headers)
+
+
+def refusal(head: bytes, max_headers: int = 100) -> tuple[int, str]:
+    with pytest.raises(ProtocolError) as caught:
+        parse_request_head(head, max_headers)
+    return caught.value.status, caught.value.code
+
+
+def split_response(raw: bytes) -> tuple[str, list[tuple[str, str]], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    return status, [(n, v) for n, _, v in (line.partition(": ") for line in lines)], body
+
+
+# ====================================================================== where the head ends
+def test_take_head_returns_the_head_and_keeps_the_next_bytes() -> None:
+    head, rest = take_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nPOST /next", 1024)
+    assert head == b"GET / HTTP/1.1\r\nHost: a\r\n\r\n" and rest == b"POST /next"
+
+
+def test_take_head_skips_empty_lines_before_a_request_and_accepts_bare_lf() -> None:
+    head, rest = take_head(b"\r\n\r\nGET / HTTP/1.1\nHost: a\n\nrest", 1024)
+    assert head == b"GET / HTTP/1.1\nHost: a\n\n" and rest == b"rest"
+
+
+def test_take_head_waits_for_the_blank_line_across_feeds() -> None:
+    buf = b""
+    scanned = 0
+    pieces = [b"\r\nGET / HT", b"TP/1.1\r\nHost: a\r", b"\n\r", b"\nbody"]
+    for piece in pieces:
+        head, buf = take_head(buf + piece, 1024, scanned)
+        if head is not None:
+            break
+        scanned = len(buf)
+    assert head == b"GET / HTTP/1.1\r\nHost: a\r\n\r\n" and buf == b"body"
+
+
+@pytest.mark.parametrize(
+    "buf,limit,status",
+    [
+        (b"GET /" + b"a" * MAX_REQUEST_LINE, 64 * 1024, 414),  # a request line with no end in sight
+        (b"GET /" + b"a" * 200, 100, 431),  # beyond the head limit, on a request line of legal length
+        (b"GET /" + b"a" * 9000, 100, 414),  # beyond both
+        (b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 50, 100, 431),
+    ],
+    ids=["long-line", "over-limit-in-line", "long-line-over-limit", "headers-over-limit"],
+)
+def test_take_head_refuses_heads_beyond_the_limits(buf: bytes, limit: int, status: int) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        take_head(buf, limit)
+    assert caught.value.status == status
+
+
+def test_take_head_of_an_incomplete_head_within_limits_is_none() -> None:
+    assert take_head(b"GET / HTTP/1.1\r\nHost", 1024) == (None, b"GET / HTTP/1.1\r\nHost")
+    assert take_head(b"\r\n", 1024) == (None, b"")
+
+
+# ====================================================================== the request head
+def test_a_request_head_is_parsed() -> None:
+    req = request(b"POST /a%20b/c?x=1&y=2 HTTP/1.1\r\nHost: t\r\nX-Multi:  one \r\nContent-Length: 5\r\n\r\n")
+    assert (req.method, req.target, req.path, req.query, req.version) == (
+        "POST",
+        "/a%20b/c?x=1&y=2",
+        "/a%20b/c",
+        "x=1&y=2",
+        "HTTP/1.1",
+    )
+    assert req.headers == [("Host", "t"), ("X-Multi", "one"), ("Content-Length", "5")]
+    assert req.keep_alive and req.body == BodyFraming(length=5) and req.body.kind == "length"
+
+
+@pytest.mark.parametrize(
+    "target,path,query",
+    [
+        ("http://example.com/p?q=1", "/p", "q=1"),
+        ("HTTPS://example.com", "/", ""),
+        ("*", "*", ""),
+    ],
+)
+def test_absolute_and_asterisk_targets(target: str, path: str, query: str) -> None:
+    req = request(f"OPTIONS {target} HTTP/1.1\r\n\r\n".encode())
+    assert (req.path, req.query, req.target) == (path, query, target)
+
+
+@pytest.mark.parametrize(
+    "head,status,code",
+    [
+        (b"GARBAGE\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET  / HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"G(T / HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET /\x00 HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET / HTTP/2.0\r\n\r\n", 505, "HTTP_VERSION_NOT_SUPPORTED"),
+        (b"GET / HTTQ/1.1\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET relative HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET / HTTP/1.1\r\nNoColon\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET /" + b"a" * MAX_REQUEST_LINE + b" HTTP/1.1\r\n\r\n", 414, "URI_TOO_LONG"),
+    ],
+    ids=[
+        "garbage",
+        "two-spaces",
+        "bad-method",
+        "nul",
+        "http2",
+        "not-http",
+        "relative-target",
+        "space-in-name",
+        "no-colon",
+        "obs-fold",
+        "nul-in-value",
+        "long-line",
+    ],
+)
+def test_bad_request_heads_are_refused_with_their_status(head: bytes, status: int, code: str) -> None:
+    assert refusal(head) == (status, code)
+
+
+def test_more_headers_than_allowed_is_431() -> None:
+    head = b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 3 + b"\r\n"
+    assert request(head, max_headers=3).headers == [("X-A", "b")] * 3
+    assert refusal(head, max_headers=2) == (431, "HEADERS_TOO_LARGE")
+
+
+@pytest.mark.parametrize(
+    "version,connection,keep_alive",
+    [
+        ("HTTP/1.1", None, True),
+        ("HTTP/1.1", "close", False),
+        ("HTTP/1.1", "Keep-Alive, Close", False),
+        ("HTTP/1.0", None, False),
+        ("HTTP/1.0", "keep-alive", True),
+        ("HTTP/1.0", "close", False),
+    ],
+)
+def test_keep_alive_follows_the_version_and_the_connection_header(
+    version: str, connection: str | None, keep_alive: bool
+) -> None:
+    headers = [] if connection is None else [("Connection", connection)]
+    assert wants_keep_alive(version, headers) is keep_alive
+    extra = b"" if connection is None else f"Connection: {connection}\r\n".encode()
+    assert request(f"GET / {version}\r\n".encode() + extra + b"\r\n").keep_alive is keep_alive
+
+
+# ====================================================================== the body framing
+@pytest.mark.parametrize(
+    "version,headers,framing",
+    [
+        ("HTTP/1.1", [], BodyFraming()),
+        ("HTTP/1.1", [("Content-Length", "0")], BodyFraming(length=0)),
+        ("HTTP/1.1", [("content-length", "12")], BodyFraming(length=12)),
+        ("HTTP/1.1", [("Content-Length", "7, 7"), ("Content-Length", "7")], BodyFraming(length=7)),
+        ("HTTP/1.1", [("Transfer-Encoding", "Chunked")], BodyFraming(chunked=True)),
+        ("HTTP/1.1", [("Transfer-Encoding", "chunked, ")], BodyFraming(chunked=True)),
+        ("HTTP/1.0", [("Content-Length", "3")], BodyFraming(length=3)),
+    ],
+)
+def test_body_framing(version: str, headers: list[tuple[str, str]], framing: BodyFraming) -> None:
+    assert body_framing(version, headers) == framing
+
+
+def test_framing_kinds() -> None:
+    assert [BodyFraming().kind, BodyFraming(length=0).kind, BodyFraming(chunked=True).kind] == [
+        "none",
+        "length",
+        "chunked",
+    ]
+
+
+@pytest.mark.parametrize(
+    "version,headers,status,message",
+    [
+        ("HTTP/1.1", [("Content-Length", "1"), ("Content-Length", "2")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "-1")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "1e3")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "١٢")], 400, "Content-Length"),  # digits, but not ASCII
+        ("HTTP/1.1", [("Content-Length", "9" * 19)], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "3"), ("Transfer-Encoding", "chunked")], 400, "both"),
+        ("HTTP/1.1", [("Transfer-Encoding", "gzip")], 501, "chunked"),
+        ("HTTP/1.1", [("Transfer-Encoding", "gzip, chunked")], 501, "chunked"),
+        ("HTTP/1.1", [("Transfer-Encoding", "chunked"), ("Transfer-Encoding", "chunked")], 501, "chunked"),
+        ("HTTP/1.0", [("Transfer-Encoding", "chunked")], 400, "HTTP/1.1"),
+    ],
+)
+def test_conflicting_or_invalid_framing_is_refused(
+    version: str, headers: list[tuple[str, str]], status: int, message: str
+) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        body_framing(version, headers)
+    assert caught.value.status == status and message in caught.value.message
+
+
+def test_framing_errors_come_after_malformed_headers_in_a_head() -> None:
+    head = b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nBad Header: x\r\n\r\n"
+    assert refusal(head) == (400, "BAD_REQUEST")
+
+
+@pytest.mark.parametrize(
+    "head,expects",
+    [
+        (b"POST / HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\n", True),
+        (b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n", True),
+        (b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", False),
+        (b"POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n", False),
+        (b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n", False),
+        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n", False),
+    ],
+)
+def test_100_continue_only_for_an_http11_request_with_a_body(head: bytes, expects: bool) -> None:
+    assert request(head).expects_continue is expects
+
+
+# ====================================================================== chunked request bodies
+def decode(data: bytes, piece: int, size: int = -1) -> tuple[bytes, ChunkedDecoder, int]:
+    """Feed ``data`` ``piece`` bytes at a time, reading ``size`` at a time, until the end:
+    the body, the decoder, and how many bytes were fed."""
+    decoder = ChunkedDecoder()
+    out = []
+    fed = 0
+    while True:
+        got = decoder.read(size)
+        if got is None:
+            assert fed < len(data), "the decoder asked for more than the whole body"
+            decoder.feed(data[fed : fed + piece])
+            fed += piece
+        elif not got:
+            return b"".join(out), decoder, fed
+        else:
+            assert size < 0 or len(got) <= size
+            out.append(got)
+
+
+BODY = b"5;ext=1\r\nhello\r\n1A\r\n" + b"z" * 26 + b"\r\n0\r\nX-Trailer: 1\r\n\r\n"
+
+
+@pytest.mark.parametrize("piece", [1, 2, 7, len(BODY)])
+@pytest.mark.parametrize("size", [-1, 1, 4, 100])
+def test_a_chunked_body_is_decoded_whatever_the_pieces(piece: int, size: int) -> None:
+    data = BODY + b"GET / HTTP/1.1\r\n"
+    body, decoder, fed = decode(data, piece, size)
+    assert body == b"hello" + b"z" * 26 and decoder.done
+    assert decoder.unused == data[len(BODY) : fed]  # what was fed past the body: the next request's
+
+
+def test_the_bytes_past_the_body_are_handed_back() -> None:
+    decoder = ChunkedDecoder()
+    decoder.feed(b"3\r\nabc\n0\n\nGET / HTTP/1.1\r\n\r\n")
+    assert decoder.unused == b""  # not over yet
+    assert decoder.read() == b"abc"
+    assert not decoder.done
+    assert decoder.read() == b"" and decoder.done
+    assert decoder.unused == b"GET / HTTP/1.1\r\n\r\n"
+    assert decoder.read(10) == b""  # over: stays over
+
+
+def test_the_decoder_needs_the_whole_line_before_it_decides() -> None:
+    decoder = ChunkedDecoder()
+    decoder.feed(b"1")
+    assert decoder.read() is None
+    decoder.feed(b"0\r\n" + b"x" * 10)
+    assert decoder.read() == b"x" * 10
+    assert decoder.read() is None  # 6 more bytes of the chunk
+    decoder.feed(b"y" * 6 + b"\r")
+    assert decoder.read() == b"y" * 6
+    assert decoder.read() is None  # a lone CR: the LF may still come
+    decoder.feed(b"\n0\r\n\r\n")
+    assert decoder.read() == b""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"zz\r\n",
+        b"-1\r\n",
+        b"\r\n",
+        b";ext\r\n",
+        b"0x5\r\n",
+        b"1" * 16 + b"\r\n",
+        b"1" * 40 + b"\r\n",
+        b"5\r\nhelloXX0\r\n\r\n",
+        b"5\r\nhello\rX\n",
+        b"5 5\r\nhello\r\n",
+        b"1" + b" " * 5000 + b"\r\n",
+        b"0\r\nX-Trailer: " + b"a" * 9000 + b"\r\n\r\n",
+        b"0\r\n" + b"X-T: 1\r\n" * 1200 + b"\r\n",
+    ],
+    ids=[
+        "not-hex",
+        "negative",
+        "empty-size",
+        "only-extension",
+        "0x-prefix",
+        "16-digits",
+        "too-long",
+        "no-crlf-after-data",
+        "cr-then-garbage",
+        "space-inside",
+        "size-line-too-long",
+        "trailer-line-too-long",
+        "trailers-too-large",
+    ],
+)
+def test_bad_chunk_framing_is_a_400(body: bytes) -> None:
+    decoder = ChunkedDecoder()
+    decoder.feed(body)
+    with pytest.raises(ProtocolError) as caught:
+        for _ in range(10):  # a chunk's data, then its framing
+            decoder.read()
+    assert (caught.value.status, caught.value.code) == (400, "BAD_REQUEST")
+    assert "chunked" in caught.value.message
+
+
+def test_a_size_line_is_refused_as_soon_as_it_is_too_long() -> None:
+    decoder = ChunkedDecoder()
+    decoder.feed(b"0" * (MAX_CHUNK_LINE - 1))
+    assert decoder.read() is None  # the LF may still come
+    decoder.feed(b"0")
+    with pytest.raises(ProtocolError):
+        decoder.read()
+
+
+@pytest.mark.parametrize(
+    "line,size",
+    [
+        (b"0\r\n", 0),
+        (b"a\n", 10),
+        (b"FfF; name=value\r\n", 0xFFF),
+        (b" 1f \t\r\n", 0x1F),
+        (b"f" * 15 + b"\r\n", 16**15 - 1),
+    ],
+)
+def test_chunk_size_lines(line: bytes, size: int) -> None:
+    assert parse_chunk_size(line) == size
+
+
+def test_a_chunk_size_line_must_end_with_lf() -> None:
+    with pytest.raises(ProtocolError):
+        parse_chunk_size(b"5\r")
+
+
+def test_response_chunks() -> None:
+    assert encode_chunk(b"x" * 26) == b"1a\r\n" + b"x" * 26 + b"\r\n"
+    assert encode_chunk(b"hi", b"HEAD\r\n\r\n") == b"HEAD\r\n\r\n2\r\nhi\r\n"
+    assert LAST_CHUNK == b"0\r\n\r\n"
+
+
+# ====================================================================== response heads
+def plan(
+    status: str,
+    headers: list[tuple[str, str]],
+    method: str = "GET",
+    version: str = "HTTP/1.1",
+    extra: bytes = b"",
+) -> tuple[str, list[tuple[str, str]], bytes, bool, str]:
+    """The response head encoded, split: status line, headers, and the plan's framing."""
+    req = request(f"{method} / {version}\r\n".encode() + extra + b"\r\n")
+    head = plan_response(status, headers, req)
+    line, sent, rest = split_response(head.encode(DATE))
+    assert rest == b""
+    return line, sent, head.framing.encode(), head.keep_alive, head.version
+
+
+def test_a_response_with_a_length_keeps_the_connection() -> None:
+    line, sent, framing, keep_alive, _ = plan("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "12")])
+    assert line == "HTTP/1.1 200 OK" and framing == b"length" and keep_alive
+    assert sent == [("Content-Type", "text/plain"), ("Content-Length", "12"), ("Date", DATE)]
+
+
+def test_the_length_of_the_body_is_kept_on_the_head() -> None:
+    req = request(b"GET / HTTP/1.1\r\n\r\n")
+    assert plan_response("200 OK", [("Content-Length", " 12 ")], req).length == 12
+    assert plan_response("200 OK", [], req).length == 0
+
+
+def test_a_response_without_length_is_chunked_on_http11() -> None:
+    _, sent, framing, keep_alive, _ = plan("200 OK", [("Content-Type", "text/event-stream")])
+    assert framing == b"chunked" and keep_alive
+    assert sent == [("Content-Type", "text/event-stream"), ("Date", DATE), ("Transfer-Encoding", "chunked")]
+
+
+def test_an_invalid_length_is_dropped_and_the_body_chunked() -> None:
+    _, sent, framing, _, _ = plan("200 OK", [("Content-Length", "12abc")])
+    assert framing == b"chunked" and ("Content-Length", "12abc") not in sent
+
+
+def test_a_response_without_length_on_http10_ends_with_the_connection() -> None:
+    _, sent, framing, keep_alive, _ = plan("200 OK", [], version="HTTP/1.0", extra=b"Connection: keep-alive\r\n")
+    assert framing == b"close" and not keep_alive
+    assert sent == [("Date", DATE), ("Connection", "close")]
+
+
+def test_http10_keep_alive_is_said_in_the_response() -> None:
+    _, sent, framing, keep_alive, version = plan(
+        "200 OK", [("Content-Length", "2")], version="HTTP/1.0", extra=b"Connection: keep-alive\r\n"
+    )
+    assert framing == b"length" and keep_alive and version == "HTTP/1.0"
+    assert sent[-1] == ("Connection", "keep-alive")
+
+
+def test_http10_without_keep_alive_closes() -> None:
+    _, sent, _, keep_alive, _ = plan("200 OK", [("Content-Length", "2")], version="HTTP/1.0")
+    assert not keep_alive and sent[-1] == ("Connection", "close")
+
+
+@pytest.mark.parametrize(
+    "method,status",
+    [("HEAD", "200 OK"), ("GET", "204 No Content"), ("GET", "304 Not Modified"), ("GET", "101 Switching")],
+)
+def test_head_1xx_204_and_304_have_no_body(method: str, status: str) -> None:
+    req = request(f"{method} / HTTP/1.1\r\n\r\n".encode())
+    head = plan_response(status, [("Content-Length", "10")], req)
+    assert head.framing == "none" and head.no_body and head.keep_alive
+    assert b"Transfer-Encoding" not in head.encode(DATE)
+    # HEAD of a response that would be chunked: no body and no chunking either
+    assert plan_response(status, [], req).framing == "none"
+
+
+def test_hop_by_hop_headers_are_the_servers() -> None:
+    headers = [
+        ("Connection", "keep-alive"),
+        ("Keep-Alive", "timeout=5"),
+        ("Transfer-Encoding", "chunked"),
+        ("Upgrade", "h2c"),
+        ("TE", "trailers"),
+        ("Trailer", "X"),
+        ("Content-Length", "2"),
+    ]
+    _, sent, framing, keep_alive, _ = plan("200 OK", headers)
+    assert sent == [("Content-Length", "2"), ("Date", DATE)] and framing == b"length" and keep_alive
+
+
+def test_connection_close_from_the_application_or_the_client_closes() -> None:
+    _, sent, _, keep_alive, _ = plan("200 OK", [("Connection", "Close"), ("Content-Length", "2")])
+    assert not keep_alive and sent[-1] == ("Connection", "close")
+    _, sent, _, keep_alive, _ = plan("200 OK", [("Content-Length", "2")], extra=b"Connection: close\r\n")
+    assert not keep_alive and sent[-1] == ("Connection", "close")
+
+
+def test_the_server_may_still_close_before_encoding() -> None:
+    head = plan_response("200 OK", [("Content-Length", "2")], request(b"GET / HTTP/1.1\r\n\r\n"))
+    head.keep_alive = False
+    assert head.encode(DATE).endswith(b"Connection: close\r\n\r\n")
+
+
+@pytest.mark.parametrize("name,value", [("X-A", "a\r\nX-B: b"), ("X-A", "a\nb"), ("X-A\r\nX-B", "b")])
+def test_a_line_break_in_a_response_header_is_refused(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match="line break"):
+        plan_response("200 OK", [(name, value)], request(b"GET / HTTP/1.1\r\n\r\n"))
+
+
+# ====================================================================== the server's own answers
+def test_http_date() -> None:
+    assert http_date(0) == "Thu, 01 Jan 1970 00:00:00 GMT"
+    assert http_date(1_796_240_400.9) == "Wed, 02 Dec 2026 19:40:00 GMT"
+
+
+def test_error_responses_are_json_and_close() -> None:
+    raw = error_response(503, "SERVER_BUSY", "retry", DATE, [("Retry-After", "1")])
+    line, sent, body = split_response(raw)
+    assert line == "HTTP/1.1 503 Service Unavailable"
+    assert sent == [
+        ("Content-Type", "application/json; charset=utf-8"),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+        ("Date", DATE),
+        ("Retry-After", "1"),
+        ("Connection", "close"),
+    ]
+    assert json.loads(body) == {"error": {"code": "SERVER_BUSY", "message": "retry"}}
+    assert body == error_body("SERVER_BUSY", "retry")
+    assert split_response(error_response(408, "REQUEST_TIMEOUT", "late", DATE))[0] == "HTTP/1.1 408 Request Timeout"
