@@ -15,7 +15,7 @@ either does nothing or raises ``StaleExecution``, whichever its contract says.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 SCHEMA_VERSION = 1
 MAX_RUN_DIGESTS = 1000
@@ -199,7 +199,14 @@ def _opt_str(value: Any) -> str | None:
 
 # ====================================================================== mutations
 class Mutation(Protocol):
-    """A named change to a thread record, applied under its lock."""
+    """A named change to a thread record, applied under its lock.
+
+    ``durable``: the write is synced to disk before the run goes on. Every mutation is,
+    except ``RecordIds``: ids the kernel can tell again are only replaced atomically (they
+    survive a crash of the adapter, not of the machine), which saves a disk sync on the
+    path to a run's first delta."""
+
+    durable: bool
 
     def apply(self, record: ThreadRecord) -> None: ...
 
@@ -211,6 +218,7 @@ class RecordIds:
     execution_id: str
     task_id: str | None = None
     session_id: str | None = None
+    durable: ClassVar[bool] = False
 
     def apply(self, record: ThreadRecord) -> None:
         if self.task_id and record.execution.execution_id == self.execution_id:
@@ -229,6 +237,8 @@ class CommitInterrupts:
     pending: dict[str, PendingInterrupt]
     text_digests: list[str]
     pipeline: dict[str, Any]
+
+    durable: ClassVar[bool] = True
 
     def apply(self, record: ThreadRecord) -> None:
         execution = record.execution
@@ -251,6 +261,8 @@ class AcceptAnswer:
     interrupt_id: str
     digest: str
 
+    durable: ClassVar[bool] = True
+
     def apply(self, record: ThreadRecord) -> None:
         if record.execution.execution_id == self.execution_id:
             record.execution.pending.pop(self.interrupt_id, None)
@@ -270,6 +282,8 @@ class RetireExecution:
     unless_waiting: bool = False
     task_id: str | None = None
     lost_session: str | None = None
+
+    durable: ClassVar[bool] = True
 
     def apply(self, record: ThreadRecord) -> None:
         if self.lost_session and record.session_id == self.lost_session:

@@ -176,6 +176,8 @@ class RunMachine:
         self._pending_ids = RecordIds(self.execution_id)  # the ids being written
         self._commit: dict[str, PendingInterrupt] | None = None  # interrupts to commit after gap filling
         self._backlog: list[Any] = []  # frames not yet taken, while a write is awaited
+        self._batch: list[Any] = []  # the frames being taken, and where
+        self._index = 0
         self._effects: list[Effect] = []
         self._ts = 0
 
@@ -399,7 +401,9 @@ class RunMachine:
 
     # ================================================================== frames
     def _take_frames(self, frames: list[Any]) -> None:
+        self._batch = frames
         for index, frame in enumerate(frames):
+            self._index = index
             try:
                 done = self._on_frame(frame)
             except AguiError as err:
@@ -489,10 +493,20 @@ class RunMachine:
                 raise self._lose(msg.SESSION_LOST, session=True)
         if task_id is None and session_id is None:
             return False
+        if task_id and self.session_id is None:  # the kernel names its session a frame later:
+            self.session_id = session_id = self._session_ahead()  # one write for both, if here
         self._reading = self.phase
         self._pending_ids = RecordIds(self.execution_id, task_id, session_id)
         self._await_write(self._pending_ids, Phase.RECORDING_IDS)
         return True
+
+    def _session_ahead(self) -> str | None:
+        """The session id of a later frame of the batch being taken, if one has it."""
+        for frame in self._batch[self._index + 1 :]:
+            info = inspect_frame(frame)
+            if info.session_id:
+                return info.session_id
+        return None
 
     def _on_ids_recorded(self, reply: Reply) -> None:
         mutation = self._pending_ids

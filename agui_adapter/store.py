@@ -209,7 +209,9 @@ class ThreadStore:
         except ValueError as exc:
             raise StoreError("the thread state is not valid JSON") from exc
 
-    def save(self, record: ThreadRecord) -> None:
+    def save(self, record: ThreadRecord, *, durable: bool = True) -> None:
+        """Replace the record atomically; ``durable`` also syncs it to disk (it then
+        survives a crash of the machine, not only of the process)."""
         self._ensure_dirs()
         path = self.path_for(record.thread_id)
         payload = (
@@ -222,11 +224,13 @@ class ThreadStore:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(payload)
                 handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    os.fsync(handle.fileno())
             os.chmod(tmp_name, 0o600)
             os.replace(tmp_name, path)
             tmp_name = None
-            self._sync_directory()
+            if durable:
+                self._sync_directory()
         except OSError as exc:
             raise StoreError(f"cannot write the thread state: {exc.strerror}") from exc
         finally:
@@ -251,7 +255,7 @@ class ThreadStore:
             if record is None:
                 return None
             mutation.apply(record)
-            self.save(record)
+            self.save(record, durable=mutation.durable)
             return record
 
     # --- listing and removal (retention) ----------------------------------------------

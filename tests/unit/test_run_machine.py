@@ -557,3 +557,19 @@ def test_shutting_down_keeps_pending_interrupts() -> None:
     bench.feed(machine.shutting_down(NOW))
     assert bench.finish.code == Code.CANCELLED and not bench.of(CancelTask)
     assert set(bench.disk.execution.pending) == {"p1"}
+
+
+def test_task_and_session_ids_of_one_batch_are_written_once() -> None:
+    capture = frames("01-normal-text.sse.txt")
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames(capture, NOW))
+    [ids] = bench.mutations(RecordIds)
+    assert ids.task_id and ids.session_id and not ids.durable  # the kernel can tell them again
+    machine, bench = turn("01-normal-text.sse.txt")
+    for frame in capture:  # one frame per wake-up: the session is only known a frame later
+        bench.feed(machine.frames([frame], NOW))
+    assert [(m.task_id is not None, m.session_id is not None) for m in bench.mutations(RecordIds)] == [
+        (True, False),
+        (False, True),
+    ]
+    assert CommitInterrupts.durable and AcceptAnswer.durable and RetireExecution.durable
