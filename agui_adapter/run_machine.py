@@ -155,6 +155,7 @@ class RunMachine:
         execution = record.execution
         self.execution_id = execution.execution_id
         self.task_id = execution.task_id
+        self._written_task = execution.task_id  # the task id on disk
         self.session_id = record.session_id
         resuming = mode is Mode.RESUME
         self.translator = RunTranslator(
@@ -176,8 +177,6 @@ class RunMachine:
         self._pending_ids = RecordIds(self.execution_id)  # the ids being written
         self._commit: dict[str, PendingInterrupt] | None = None  # interrupts to commit after gap filling
         self._backlog: list[Any] = []  # frames not yet taken, while a write is awaited
-        self._batch: list[Any] = []  # the frames being taken, and where
-        self._index = 0
         self._effects: list[Effect] = []
         self._ts = 0
 
@@ -386,7 +385,7 @@ class RunMachine:
         """Fail closed: stop the kernel work and forget what cannot be resumed."""
         if self.task_id:
             self._effects.append(CancelTask(self.task_id))
-        self._persist(RetireExecution(self.execution_id))
+        self._persist(RetireExecution(self.execution_id, task_id=self.task_id))
 
     def _rejection(self, exc: KernelRejected) -> AguiError:
         """The RUN_ERROR for a JSON-RPC error: a retryable backup wait, a refused answer
@@ -401,9 +400,7 @@ class RunMachine:
 
     # ================================================================== frames
     def _take_frames(self, frames: list[Any]) -> None:
-        self._batch = frames
         for index, frame in enumerate(frames):
-            self._index = index
             try:
                 done = self._on_frame(frame)
             except AguiError as err:
@@ -430,6 +427,7 @@ class RunMachine:
             (info.task_id and info.task_id != self.task_id)
             or (info.session_id and info.session_id != self.session_id)
             or (info.context_id and info.context_id != self.record.context_id)
+            or self.task_id != self._written_task
         ) and self._learn_ids(info):
             return False
         if phase is _ANSWERING and self.answer is not None:
@@ -477,11 +475,15 @@ class RunMachine:
         return isinstance(input_id, str) and self.record.applied_digest(self.execution_id, input_id) is not None
 
     def _learn_ids(self, info: FrameInfo) -> bool:
-        """Check the frame's identity; True when new ids must be written first (rule 1)."""
-        task_id = session_id = None
+        """Check the frame's identity; True when ids must be written first (rule 1).
+
+        The kernel's first task snapshot names the task and the next frame its session:
+        the task id waits for that frame (the snapshot announces nothing), so one write
+        records both, on the path to the first delta."""
+        session_id = None
         if info.task_id:
             if self.task_id is None:
-                self.task_id = task_id = info.task_id
+                self.task_id = info.task_id
             elif info.task_id != self.task_id:
                 raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.TASK_IDENTITY_CHANGED)
         if info.context_id and info.context_id != self.record.context_id:
@@ -491,22 +493,15 @@ class RunMachine:
                 self.session_id = session_id = info.session_id
             elif info.session_id != self.session_id:  # the kernel lost our session and made a new one
                 raise self._lose(msg.SESSION_LOST, session=True)
+        task_id = self.task_id if self.task_id != self._written_task else None
         if task_id is None and session_id is None:
             return False
-        if task_id and self.session_id is None:  # the kernel names its session a frame later:
-            self.session_id = session_id = self._session_ahead()  # one write for both, if here
+        if session_id is None and self.session_id is None and info.kind == "task" and not info.iac:
+            return False
         self._reading = self.phase
         self._pending_ids = RecordIds(self.execution_id, task_id, session_id)
         self._await_write(self._pending_ids, Phase.RECORDING_IDS)
         return True
-
-    def _session_ahead(self) -> str | None:
-        """The session id of a later frame of the batch being taken, if one has it."""
-        for frame in self._batch[self._index + 1 :]:
-            info = inspect_frame(frame)
-            if info.session_id:
-                return info.session_id
-        return None
 
     def _on_ids_recorded(self, reply: Reply) -> None:
         mutation = self._pending_ids
@@ -516,6 +511,7 @@ class RunMachine:
             template = msg.MAPPING_NOT_COMMITTED if mutation.task_id else msg.SESSION_MAPPING_NOT_COMMITTED
             raise AguiError(Code.STATE_PERSISTENCE_FAILED, template)
         self.record = reply.record
+        self._written_task = self.task_id if mutation.task_id else self._written_task
         execution = reply.record.execution
         if mutation.task_id and execution.execution_id == self.execution_id and execution.terminal:
             self._effects.append(CancelTask(mutation.task_id))  # cancelled before the kernel named its task

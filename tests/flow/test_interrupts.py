@@ -198,10 +198,10 @@ def test_persistence_failure_fails_closed(
 
     real_save = ThreadStore.save
 
-    def failing_save(self: ThreadStore, record: Any) -> None:
+    def failing_save(self: ThreadStore, record: Any, **kw: Any) -> None:
         if record.execution.pending:
             raise StoreError("disk full (simulated)")
-        real_save(self, record)
+        real_save(self, record, **kw)
 
     monkeypatch.setattr(ThreadStore, "save", failing_save)
     result = adapter.client().run(run_body("[WRITE] x", cwd=str(workspace)))

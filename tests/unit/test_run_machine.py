@@ -559,17 +559,36 @@ def test_shutting_down_keeps_pending_interrupts() -> None:
     assert set(bench.disk.execution.pending) == {"p1"}
 
 
-def test_task_and_session_ids_of_one_batch_are_written_once() -> None:
+def test_task_and_session_ids_are_written_once_however_the_frames_arrive() -> None:
     capture = frames("01-normal-text.sse.txt")
-    machine, bench = turn("01-normal-text.sse.txt")
-    bench.feed(machine.frames(capture, NOW))
-    [ids] = bench.mutations(RecordIds)
-    assert ids.task_id and ids.session_id and not ids.durable  # the kernel can tell them again
-    machine, bench = turn("01-normal-text.sse.txt")
-    for frame in capture:  # one frame per wake-up: the session is only known a frame later
-        bench.feed(machine.frames([frame], NOW))
-    assert [(m.task_id is not None, m.session_id is not None) for m in bench.mutations(RecordIds)] == [
-        (True, False),
-        (False, True),
-    ]
+    for batches in ([capture], [[frame] for frame in capture]):
+        machine, bench = turn("01-normal-text.sse.txt")
+        for batch in batches:
+            bench.feed(machine.frames(batch, NOW))
+        [ids] = bench.mutations(RecordIds)
+        assert ids.task_id and ids.session_id and not ids.durable  # the kernel can tell them again
+        write = bench.index(lambda e: isinstance(e, Persist) and isinstance(e.mutation, RecordIds))
+        assert write < bench.emitted_at("CUSTOM", "iac-code.session.v1")
+        types = bench.types()
+        assert types.index("CUSTOM") < types.index("TEXT_MESSAGE_CONTENT")
     assert CommitInterrupts.durable and AcceptAnswer.durable and RetireExecution.durable
+
+
+def test_a_task_id_without_a_session_is_written_before_anything_is_announced() -> None:
+    first = frames("01-normal-text.sse.txt")[0]  # the task snapshot: no session id
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames([first], NOW))
+    assert not bench.mutations(RecordIds)
+    bench.feed(machine.frames([status("TASK_STATE_WORKING", "Hi.")], NOW))  # another task, another context
+    assert bench.finish.code == Code.A2A_PROTOCOL_ERROR and not bench.mutations(RecordIds)
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames([first], NOW))
+    update = {
+        "taskId": machine.task_id,
+        "contextId": machine.record.context_id,
+        "status": {"state": "TASK_STATE_WORKING"},
+    }
+    bench.feed(machine.frames([{"jsonrpc": "2.0", "id": 1, "result": {"statusUpdate": update}}], NOW))
+    [ids] = bench.mutations(RecordIds)
+    assert ids.task_id == machine.task_id and ids.session_id is None
+    assert bench.disk.execution.task_id == machine.task_id
