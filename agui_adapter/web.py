@@ -21,8 +21,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
-from . import PROTOCOL_VERSION, __version__
-from . import console_page
+from . import PROTOCOL_VERSION, __version__, console_page
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError

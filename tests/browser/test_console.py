@@ -169,7 +169,8 @@ def test_cancel_a_slow_run(adapter: Any, workspace: Path, browser: Any) -> None:
     log = raw_log(browser)
     [session] = [json.loads(text)["value"] for kind, text in log if kind == "CUSTOM iac-code.session.v1"]
     cancel_at = [i for i, (kind, _) in enumerate(log) if kind.endswith("/cancel")]
-    assert [log[i][0] for i in cancel_at] == [f"→ POST /extensions/iac-code/v1/executions/{session['executionId']}/cancel"]
+    cancel_path = f"/extensions/iac-code/v1/executions/{session['executionId']}/cancel"
+    assert [log[i][0] for i in cancel_at] == [f"→ POST {cancel_path}"]
     sent = json.loads(log[cancel_at[0]][1])
     assert sent == {"threadId": session["threadId"], "rosInvocationId": session["rosInvocationId"]}
     assert [json.loads(text) for kind, text in log if kind == "← 200" and text.startswith("{")] == [
