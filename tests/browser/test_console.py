@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.support.browser import console_errors, save_screenshot
 
@@ -82,9 +82,12 @@ def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, 
     assert reasoning.get_attribute("open") is None  # folded
     assert "Let me think about this." in reasoning.find_element(By.TAG_NAME, "pre").get_attribute("textContent")
     tool = card.find_element(By.CSS_SELECTOR, "details.tool")
-    assert "read_file" in tool.text
-    assert json.loads(tool.find_element(By.CSS_SELECTOR, "pre.args").text) == {"path": "notes.md"}
-    assert "Read 3 lines" in tool.find_element(By.CSS_SELECTOR, "pre.result-text").text
+    assert tool.get_attribute("open") is None  # folded once its result is in, the summary says it all
+    summary = tool.find_element(By.TAG_NAME, "summary").text
+    assert summary.startswith('tool call · read_file {"path":"notes.md"} → Read 3 lines'), summary
+    args = tool.find_element(By.CSS_SELECTOR, "pre.args").get_attribute("textContent")
+    assert json.loads(args) == {"path": "notes.md"}
+    assert "Read 3 lines" in tool.find_element(By.CSS_SELECTOR, "pre.result-text").get_attribute("textContent")
     assert "artifact notes.md" in card.find_element(By.CSS_SELECTOR, ".artifact").text
     assert "36 total" in card.find_element(By.CSS_SELECTOR, ".usage").text
     log = raw_log(browser)
@@ -202,3 +205,33 @@ def test_the_console_check_sees_javascript_errors(adapter: Any, browser: Any) ->
     wait_for(browser, '#status[data-reattach="unsupported"]')
     browser.execute_script("setTimeout(() => { throw new Error('console-check-probe'); }, 0)")
     wait_until(browser, lambda: any("console-check-probe" in e for e in console_errors(browser)), timeout=5)
+
+
+def test_a_pipeline_as_a_timeline_with_its_choices(adapter: Any, workspace: Path, browser: Any) -> None:
+    open_console(browser, adapter, workspace)
+    Select(browser.find_element(By.ID, "runMode")).select_by_value("pipeline")
+    send(browser, "[PIPE-CANDIDATES] build a small website")
+    form = wait_for(browser, 'form.interrupt[data-kind="candidate_selection"]')
+    first = run_cards(browser)[0]
+    steps = [row.text for row in first.find_elements(By.CSS_SELECTOR, ".timeline.step")]
+    assert steps[:3] == [
+        "step intent_parsing finished",
+        "step architecture_planning finished",
+        "step evaluate_candidates finished",
+    ]
+    events = [row.text for row in first.find_elements(By.CSS_SELECTOR, ".timeline:not(.step)")]
+    assert events[0].endswith("pipeline_started · pipeline · working")
+    assert any("candidate_completed" in e and "candidate c2 · Plan B · monthly 8" in e for e in events), events
+    buttons = {b.get_attribute("data-value"): b.text for b in form.find_elements(By.TAG_NAME, "button")}
+    assert buttons == {"c1": "Plan A", "c2": "Plan B", "cancelled": "Cancel this interrupt"}
+    form.find_element(By.CSS_SELECTOR, 'button[data-value="c2"]').click()
+    confirm = wait_for(browser, 'form.interrupt[data-kind="deployment_confirmation"]')
+    save_screenshot(browser, "pipeline-confirm")
+    confirm.find_element(By.CSS_SELECTOR, 'button[data-value="confirm"]').click()
+    last = wait_for_card(browser, 2, "finished", timeout=30)
+    assert "pipeline_completed" in last.text
+    posts = [json.loads(text) for kind, text in raw_log(browser) if kind == "→ POST /"]
+    assert [p["resume"][0]["payload"] for p in posts[1:]] == [{"selectedId": "c2"}, {"selectedId": "confirm"}]
+    assert all(p["forwardedProps"]["iacCode"]["runMode"] == "pipeline" for p in posts)
+    save_screenshot(browser, "pipeline")
+    assert console_errors(browser) == []
