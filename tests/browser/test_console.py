@@ -118,20 +118,22 @@ def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, 
 
 def test_answer_a_permission_prompt(adapter: Any, workspace: Path, browser: Any) -> None:
     open_console(browser, adapter, workspace)
+    send(browser, "[THINK] [TOOL] hello")  # a first turn on the thread, then the prompt
+    wait_for_card(browser, 0, "finished")
     send(browser, "[WRITE] make a file")
     form = wait_for(browser, 'form.interrupt[data-kind="permission"]')
-    assert run_cards(browser)[0].get_attribute("data-state") == "interrupted"
+    assert run_cards(browser)[1].get_attribute("data-state") == "interrupted"
     assert "write_file" in form.text and "hello.txt" in form.text
     buttons = {b.get_attribute("data-value"): b for b in form.find_elements(By.TAG_NAME, "button")}
     assert set(buttons) == {"allow_once", "deny", "cancelled"}
-    save_screenshot(browser, "permission")
+    save_screenshot(browser, "permission")  # the README's docs/console.png
     buttons["allow_once"].click()
-    resumed = wait_for_card(browser, 1, "finished")
+    resumed = wait_for_card(browser, 2, "finished")
     assert "hello.txt" in resumed.find_element(By.CSS_SELECTOR, "pre.result-text").text
     assert (workspace / "hello.txt").read_text() == "hello from scripted kernel\n"
     posts = [json.loads(text) for kind, text in raw_log(browser) if kind == "→ POST /"]
-    assert len(posts) == 2
-    first, second = posts
+    assert len(posts) == 3
+    first, second = posts[1:]
     assert second["threadId"] == first["threadId"] and second["runId"] != first["runId"]
     assert second["forwardedProps"]["iacCode"] == first["forwardedProps"]["iacCode"]
     assert second["messages"] == []

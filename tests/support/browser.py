@@ -28,7 +28,7 @@ CHROMIUM_FLAGS = (
     "--disable-component-update",
     "--disable-sync",
     "--disable-dev-shm-usage",
-    "--window-size=1400,900",
+    "--window-size=1400,1100",
 )
 
 
