@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.support.browser import console_errors, save_screenshot
+from tests.support.browser import console_errors, require_selenium, save_screenshot
+
+require_selenium()  # without it: skipped, or failed under CI=true
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.browser
 

@@ -39,23 +39,30 @@ def _find(env: str, default: str, name: str) -> str | None:
     return shutil.which(name)
 
 
+def _missing(message: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def require_selenium() -> None:
+    """Selenium (the ``test`` extra) or, at a test module's top, a skip (a failure under ``CI=true``)."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        _missing(f"selenium not installed; install with: {INSTALL_COMMAND}")
+
+
 def require_chromium() -> tuple[str, str]:
     """(chromium, chromedriver); ``pytest.fail`` under ``CI=true`` and ``pytest.skip`` otherwise."""
     chromium = _find("AGUI_CHROMIUM", "/usr/bin/chromium", "chromium")
     driver = _find("AGUI_CHROMEDRIVER", "/usr/bin/chromedriver", "chromedriver")
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing = "selenium (the test extra)"
-    else:
-        missing = ", ".join(n for n, p in (("chromium", chromium), ("chromedriver", driver)) if p is None)
-    if not missing:
-        assert chromium and driver
+    require_selenium()
+    if chromium and driver:
         return chromium, driver
-    message = f"{missing} not found; install with: {INSTALL_COMMAND}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    missing = " and ".join(n for n, p in (("chromium", chromium), ("chromedriver", driver)) if p is None)
+    _missing(f"{missing} not found; install with: {INSTALL_COMMAND}")
+    raise AssertionError("unreachable")
 
 
 def start_chromium(chromium: str, driver: str, profile_dir: Path) -> Any:
