@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agui_adapter.web import json_response
 from tests.support.browser import console_errors, require_selenium, save_screenshot
 
 require_selenium()  # without it: skipped, or failed under CI=true
@@ -34,9 +35,9 @@ def wait_until(browser: Any, condition: Any, timeout: float = 20.0) -> Any:
     return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: condition())
 
 
-def open_console(browser: Any, adapter: Any, workspace: Path, token: str = "") -> None:
+def open_console(browser: Any, adapter: Any, workspace: Path, token: str = "", status: str = "unsupported") -> None:
     browser.get(adapter.url)
-    wait_for(browser, '#status[data-reattach="unsupported"]')
+    wait_for(browser, f'#status[data-reattach="{status}"]')
     cwd = browser.find_element(By.ID, "cwd")
     cwd.clear()
     cwd.send_keys(str(workspace))
@@ -240,3 +241,33 @@ def test_a_pipeline_as_a_timeline_with_its_choices(adapter: Any, workspace: Path
     assert all(p["forwardedProps"]["iacCode"]["runMode"] == "pipeline" for p in posts)
     save_screenshot(browser, "pipeline")
     assert console_errors(browser) == []
+
+
+def test_reattach_is_offered_when_the_server_advertises_it(adapter: Any, workspace: Path, browser: Any) -> None:
+    """This adapter does not reattach yet; one whose /health says so gets the page's offer."""
+    plain_health = adapter.app.health
+
+    def advertising_health(start_response: Any) -> list[bytes]:
+        status_headers: list[Any] = []
+        body = json.loads(b"".join(plain_health(lambda *a: status_headers.append(a))))
+        return json_response(start_response, 200, dict(body, reattach=True))
+
+    adapter.app.health = advertising_health
+    open_console(browser, adapter, workspace, status="supported")
+    send(browser, "[SLOW] count")
+    card = wait_for(browser, '.run[data-state="streaming"]')
+    wait_until(browser, lambda: "one," in card.text)
+    run_id = card.get_attribute("data-run-id")
+    thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
+    browser.refresh()
+    wait_for(browser, '#status[data-reattach="supported"]')
+    offer = wait_for(browser, "#reattachButton")
+    assert run_id in browser.find_element(By.ID, "reattach").text
+    offer.click()
+    # today's adapter has no such route: the page shows the JSON error it gets
+    error = wait_for(browser, '.run[data-state="error"] .error')
+    assert error.text.startswith("404 NOT_FOUND")
+    sent = [kind for kind, _ in raw_log(browser) if kind.startswith("→")]
+    assert sent == [f"→ GET /threads/{thread_id}/runs/{run_id}/events"]
+    assert not browser.find_element(By.ID, "reattach").is_displayed()
+    assert [e for e in console_errors(browser) if "404" not in e] == []
