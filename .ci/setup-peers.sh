@@ -4,6 +4,8 @@
 #       $AGUI_IAC_CODE_VENV, default ~/.cache/agui-adapter/iac-code-0.16.0
 #   * the official AG-UI TS client @ag-ui/client 1.0.0 (tests/support/agui_check, marker official_client)
 #       $AGUI_NODE_MODULES, default ~/.cache/agui-adapter/node/node_modules
+#   * Chromium and its WebDriver from Debian's packages chromium + chromium-driver (tests/browser,
+#       marker browser): /usr/bin/chromium, /usr/bin/chromedriver; installed with apt-get (as root)
 # The a2a-sdk pin is required: iac-code 0.16.0 resolves a2a-sdk 1.3.0, with which the
 # kernel dies at start-up (ImportError: encode_page_token).
 # Env: PYTHON (default python3) creates the venv. Exits non-zero, loudly, on any failure.
@@ -76,6 +78,29 @@ setup_node() {
   log "node: installed into $NODE_MODULES"
 }
 
+browser_ok() {
+  command -v chromium >/dev/null && command -v chromedriver >/dev/null
+}
+
+setup_browser() {
+  if browser_ok; then
+    log "browser: $(chromium --version 2>/dev/null | head -n 1) and chromedriver already installed (nothing to do)"
+    return
+  fi
+  command -v apt-get >/dev/null || die "chromium/chromedriver missing and apt-get not found (install Debian's chromium + chromium-driver)"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "chromium/chromedriver missing; installing them needs root (apt-get install chromium chromium-driver)"
+    sudo="sudo"
+  fi
+  log "browser: apt-get install chromium chromium-driver (takes ~1 min)"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium chromium-driver
+  browser_ok || die "chromium/chromedriver still missing after apt-get install"
+  log "browser: installed ($(chromium --version 2>/dev/null | head -n 1))"
+}
+
 setup_kernel
 setup_node
+setup_browser
 log "done (AGUI_IAC_CODE_VENV=$VENV AGUI_NODE_MODULES=$NODE_MODULES)"

@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
-from . import PROTOCOL_VERSION, __version__
+from . import PROTOCOL_VERSION, __version__, console_page
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError
@@ -48,6 +48,7 @@ URLS = Map(
         Rule("/health", endpoint="health", methods=["GET"]),
         Rule("/ready", endpoint="ready", methods=["GET"]),
         Rule("/", endpoint="run", methods=["POST"]),
+        Rule("/", endpoint="console", methods=["GET"]),
         Rule(
             "/extensions/iac-code/v1/executions/<execution_id>/cancel",
             endpoint="cancel",
@@ -108,6 +109,8 @@ class AguiApp:
                 return self.ready(start_response, language)
             if endpoint == "run":
                 return self.run(environ, start_response, language)
+            if endpoint == "console":
+                return self.console(environ, start_response, language)
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
@@ -201,6 +204,15 @@ class AguiApp:
         if self.kernel.health(timeout=2.0):
             return json_response(start_response, 200, {"status": "ready"})
         return self._error(start_response, language, AguiError("A2A_UNAVAILABLE", msg.KERNEL_NOT_READY))
+
+    def console(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> list[bytes]:
+        """The console page for a browser's ``GET /``; any other request keeps the JSON 405."""
+        if environ.get("REQUEST_METHOD") != "GET" or not console_page.wants_page(environ.get("HTTP_ACCEPT", "")):
+            err = AguiError("METHOD_NOT_ALLOWED", msg.METHOD_NOT_ALLOWED)
+            return self._error(start_response, language, err, extra=[("Allow", "POST")])
+        body = console_page.page()
+        start_response("200 OK", console_page.PAGE_HEADERS + [("Content-Length", str(len(body)))])
+        return [body]
 
     def run(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> Iterable[bytes]:
         self._check_auth(environ)
