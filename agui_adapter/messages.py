@@ -57,11 +57,11 @@ IMAGE_NEEDS_RESIZE = (
 )
 
 # --- workspace (cwd) ----------------------------------------------------------------
-CWD_NOT_ABSOLUTE = "The iac-code workspace must be an absolute path."
-CWD_INVALID = "The iac-code workspace is invalid."
-CWD_NOT_DIRECTORY = "The iac-code workspace is not a directory."
-CWD_OUTSIDE_ROOTS = "The iac-code workspace is outside the allowed roots."
-CWD_CANNOT_CREATE = "The iac-code workspace cannot be created."
+CWD_NOT_ABSOLUTE = "The iac-code workspace ({field}) must be an absolute path."
+CWD_INVALID = "The iac-code workspace ({field}) is invalid."
+CWD_NOT_DIRECTORY = "The iac-code workspace ({field}) is not a directory."
+CWD_OUTSIDE_ROOTS = "The iac-code workspace ({field}) is outside the allowed roots."
+CWD_CANNOT_CREATE = "The iac-code workspace ({field}) cannot be created."
 
 # --- admission -------------------------------------------------------------------
 DUPLICATE_RUN_ID = "The AG-UI run id has already been used for this same request."
