@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
+from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
@@ -25,9 +27,9 @@ from . import PROTOCOL_VERSION, __version__
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError
-from .i18n import negotiate_language, translate, weighted_items
+from .i18n import negotiate_language, translate
 from .runs import RunEngine
-from .validation import preferred_language_hint, validate_run_input
+from .validation import check_json_text, preferred_language_hint, validate_run_input
 
 log = logging.getLogger("agui_adapter.web")
 
@@ -85,6 +87,17 @@ class AguiApp:
         self.default_language = default_language
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        body = self._dispatch(environ, start_response)
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            # HEAD is answered like GET (/health, /ready) or refused like any other method,
+            # but never with a body, whatever the server does about it.
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+            return []
+        return body
+
+    def _dispatch(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), None, self.default_language)
         try:
             adapter = URLS.bind_to_environ(environ)
@@ -148,8 +161,15 @@ class AguiApp:
         accept = environ.get("HTTP_ACCEPT", "").strip()
         if not accept:
             return
-        for media, q in weighted_items(accept):
-            if q > 0 and media.lower() in ("text/event-stream", "text/*", "*/*"):
+        # Werkzeug drops items whose q is not a number in [0, 1] (inf, nan, 2) and lets the
+        # most specific range decide: "text/event-stream;q=0, */*" refuses the stream.
+        ranges = parse_accept_header(accept, MIMEAccept)
+        if ranges.best_match(("text/event-stream",)) is not None:
+            return
+        # Werkzeug matches media type parameters exactly: "text/event-stream; charset=utf-8"
+        # names the stream too.
+        for item, q in ranges:
+            if q > 0 and item.partition(";")[0].strip().lower() == "text/event-stream":
                 return
         raise AguiError("NOT_ACCEPTABLE", msg.NOT_ACCEPTABLE)
 
@@ -179,9 +199,10 @@ class AguiApp:
     @staticmethod
     def _parse_json(body: bytes, invalid: str) -> Any:
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+            payload = json.loads(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise AguiError("INVALID_JSON", invalid) from None
+        return payload
 
     # ------------------------------------------------------------------ endpoints
     def health(self, start_response: StartResponse) -> list[bytes]:
@@ -212,6 +233,7 @@ class AguiApp:
             environ.get("HTTP_ACCEPT_LANGUAGE"), preferred_language_hint(payload), self.default_language
         )
         try:
+            check_json_text(payload, body)
             run_input = validate_run_input(payload)
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
@@ -228,6 +250,7 @@ class AguiApp:
         self._check_content_type(environ)
         body = self._read_body(environ, MAX_CANCEL_BODY, msg.CANCEL_BODY_TOO_LARGE)
         payload = self._parse_json(body, msg.CANCEL_INVALID_JSON)
+        check_json_text(payload, body)
         if not isinstance(payload, dict):
             raise AguiError("INVALID_INPUT", msg.CANCEL_NOT_AN_OBJECT)
         thread_id, ros_id = payload.get("threadId"), payload.get("rosInvocationId")
