@@ -6,14 +6,23 @@ envelope, admission) and every failure before the stream is the JSON shape
 ``{"error": {"code", "message"}}`` in the request's language. The SSE response is the
 run's generator, returned as the WSGI iterable itself so that servers call its
 ``close()`` when the client goes away.
+
+Every request has an id: the client's ``X-Request-ID`` when it is printable ASCII of at
+most 128 characters, else a fresh one. It is echoed on every response and, through a
+context variable read by a log record factory installed with the app, appended to every
+log line written while the request is handled, its SSE body's iterations included (the
+server iterates the body later, so the body is wrapped to set the id around each step).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import json
 import logging
-from collections.abc import Callable, Iterable
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -38,6 +47,81 @@ MAX_CANCEL_BODY = 64 * 1024
 _READ_CHUNK = 64 * 1024
 
 StartResponse = Callable[..., Any]
+
+MAX_REQUEST_ID = 128
+REQUEST_ID_HEADER = "X-Request-ID"
+#: The id of the request being handled on this thread (None outside a request).
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("agui_request_id", default=None)
+
+
+def request_id_for(environ: dict[str, Any]) -> str:
+    """The client's ``X-Request-ID`` if printable ASCII of at most 128 characters, else a new one."""
+    given = environ.get("HTTP_X_REQUEST_ID", "").strip()
+    if 0 < len(given) <= MAX_REQUEST_ID and all(" " <= ch <= "~" for ch in given):
+        return given
+    return uuid.uuid4().hex
+
+
+_factory_lock = threading.Lock()
+_factory_installed = False
+
+
+def install_request_id_logging() -> None:
+    """Make every log record written during a request carry its id: as ``record.request_id``
+    (``-`` outside a request) and at the end of the message, whatever the handler's format."""
+    global _factory_installed
+    with _factory_lock:
+        if _factory_installed:
+            return
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            request_id = REQUEST_ID.get()
+            record.request_id = request_id or "-"
+            if request_id:
+                try:
+                    message = record.getMessage()
+                except Exception:  # noqa: BLE001 - a bad log call keeps its own failure mode
+                    return record
+                record.msg, record.args = f"{message} [request {request_id}]", None
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _factory_installed = True
+
+
+class RequestScoped:
+    """A WSGI body iterated (and closed) with its request's id set, on whichever thread."""
+
+    def __init__(self, body: Iterable[bytes], request_id: str) -> None:
+        self._body = body
+        self._iterator: Iterator[bytes] = iter(body)
+        self._request_id = request_id
+
+    def __iter__(self) -> RequestScoped:
+        return self
+
+    def __next__(self) -> bytes:
+        token = REQUEST_ID.set(self._request_id)
+        try:
+            return next(self._iterator)
+        finally:
+            REQUEST_ID.reset(token)
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is None:
+            return
+        token = REQUEST_ID.set(self._request_id)
+        try:
+            close()
+        finally:
+            REQUEST_ID.reset(token)
+
+    def __getattr__(self, name: str) -> Any:  # anything else a server may ask the body
+        return getattr(self._body, name)
+
 
 SSE_HEADERS = [
     ("Content-Type", "text/event-stream; charset=utf-8"),
@@ -85,17 +169,28 @@ class AguiApp:
         self.kernel: KernelClient = engine.kernel
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
+        install_request_id_logging()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        body = self._dispatch(environ, start_response)
-        if environ.get("REQUEST_METHOD") == "HEAD":
-            # HEAD is answered like GET (/health, /ready) or refused like any other method,
-            # but never with a body, whatever the server does about it.
-            close = getattr(body, "close", None)
-            if close is not None:
-                close()
-            return []
-        return body
+        request_id = request_id_for(environ)
+        edge_headers = [(REQUEST_ID_HEADER, request_id)]
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            return start_response(status, list(headers) + edge_headers, exc_info)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            body = self._dispatch(environ, start)
+            if environ.get("REQUEST_METHOD") == "HEAD":
+                # HEAD is answered like GET (/health, /ready) or refused like any other
+                # method, but never with a body, whatever the server does about it.
+                close = getattr(body, "close", None)
+                if close is not None:
+                    close()
+                return []
+        finally:
+            REQUEST_ID.reset(token)
+        return body if isinstance(body, list) else RequestScoped(body, request_id)
 
     def _dispatch(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), None, self.default_language)
