@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -47,6 +48,9 @@ class Settings:
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
+    # --- the application's edge (CORS, concurrent runs)
+    #: Comma-separated exact origins allowed to call the adapter from a browser, or "*".
+    cors_origins: str = ""
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -72,6 +76,7 @@ ENV_NAMES: dict[str, str] = {
     "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
+    "cors_origins": "IAC_CODE_AGUI_CORS_ORIGINS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -101,6 +106,8 @@ def _coerce(name: str, value: Any) -> Any:
         if text in ("0", "false", "no", "off", ""):
             return False
         raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
+    if name == "cors_origins":
+        return _cors_origins(value)
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
     if name == "kernel" and text not in KERNEL_CHOICES:
         raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")
@@ -114,6 +121,22 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"default_language must be one of {', '.join(SUPPORTED_LANGUAGES)}, got {text!r}.")
         return language
     return text
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s,]+")
+
+
+def _cors_origins(value: Any) -> str:
+    """``*`` or comma-separated exact origins (``scheme://host[:port]``, no path), normalised."""
+    items = [item.strip().rstrip("/") for item in str(value).split(",") if item.strip()]
+    if "*" in items:
+        if len(items) > 1:
+            raise ConfigError("cors_origins must be '*' alone or a list of origins, not both.")
+        return "*"
+    for item in items:
+        if not _ORIGIN.fullmatch(item.lower()):
+            raise ConfigError(f"cors_origins must list origins like https://app.example.com, got {item!r}.")
+    return ",".join(items)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, str]:

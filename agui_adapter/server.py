@@ -63,6 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--interrupt-ttl-seconds", dest="interrupt_ttl_seconds", help="interrupt lifetime (86400)")
     parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
     return parser.parse_args(argv)
 
 

@@ -12,6 +12,12 @@ most 128 characters, else a fresh one. It is echoed on every response and, throu
 context variable read by a log record factory installed with the app, appended to every
 log line written while the request is handled, its SSE body's iterations included (the
 server iterates the body later, so the body is wrapped to set the id around each step).
+
+CORS (``cors_origins``; none by default, and then no CORS header at all): a preflight
+``OPTIONS`` on a known route is answered 204 before auth (a preflight never carries the
+bearer token), with the ``Access-Control-Allow-*`` headers only when the ``Origin`` is
+allowed; every actual response to an allowed origin carries ``Access-Control-Allow-Origin``
+(the origin itself) and exposes ``X-Request-ID`` and ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -60,6 +66,38 @@ def request_id_for(environ: dict[str, Any]) -> str:
     if 0 < len(given) <= MAX_REQUEST_ID and all(" " <= ch <= "~" for ch in given):
         return given
     return uuid.uuid4().hex
+
+
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Accept, Accept-Language, Last-Event-ID, X-Request-ID"
+CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
+CORS_MAX_AGE = "600"
+_ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
+_ROUTE_METHODS["ready"] = _ROUTE_METHODS["health"]
+
+
+class CorsPolicy:
+    """Which browser origins may call the adapter (``cors_origins``: exact origins or ``*``)."""
+
+    def __init__(self, setting: str) -> None:
+        items = [item.strip().lower() for item in setting.split(",") if item.strip()]
+        self.enabled = bool(items)
+        self.any_origin = "*" in items
+        self.origins = frozenset(items)
+
+    def allows(self, origin: str) -> bool:
+        return bool(origin) and (self.any_origin or origin.lower() in self.origins)
+
+    def response_headers(self, origin: str) -> list[tuple[str, str]]:
+        """What every actual response carries (``Vary: Origin`` whenever CORS is on)."""
+        if not self.enabled:
+            return []
+        if not self.allows(origin):
+            return [("Vary", "Origin")]
+        return [
+            ("Access-Control-Allow-Origin", origin),
+            ("Vary", "Origin"),
+            ("Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS),
+        ]
 
 
 _factory_lock = threading.Lock()
@@ -169,17 +207,23 @@ class AguiApp:
         self.kernel: KernelClient = engine.kernel
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
+        self.cors = CorsPolicy(getattr(engine.settings, "cors_origins", ""))
         install_request_id_logging()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = request_id_for(environ)
-        edge_headers = [(REQUEST_ID_HEADER, request_id)]
+        origin = environ.get("HTTP_ORIGIN", "")
+        edge_headers = [(REQUEST_ID_HEADER, request_id), *self.cors.response_headers(origin)]
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             return start_response(status, list(headers) + edge_headers, exc_info)
 
         token = REQUEST_ID.set(request_id)
         try:
+            if self.cors.enabled and environ.get("REQUEST_METHOD") == "OPTIONS":
+                preflight = self._preflight(environ, start, origin)
+                if preflight is not None:
+                    return preflight
             body = self._dispatch(environ, start)
             if environ.get("REQUEST_METHOD") == "HEAD":
                 # HEAD is answered like GET (/health, /ready) or refused like any other
@@ -222,6 +266,31 @@ class AguiApp:
         except Exception:  # noqa: BLE001 - always answer JSON, never a bare 500
             log.exception("unexpected failure on %s", environ.get("PATH_INFO"))
             return self._error(start_response, language, AguiError("INTERNAL_ERROR", msg.INTERNAL_ERROR))
+
+    def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
+        """204 for ``OPTIONS`` on a known route (None: not one, answered as usual)."""
+        adapter = URLS.bind_to_environ(environ)
+        endpoint = None
+        for method in ("POST", "GET"):
+            try:
+                endpoint, _ = adapter.match(method=method)
+                break
+            except HTTPException:
+                continue
+        if endpoint is None:
+            return None
+        methods = _ROUTE_METHODS[str(endpoint)]
+        headers = [("Allow", methods)]
+        if self.cors.allows(origin):
+            headers += [
+                ("Access-Control-Allow-Methods", methods),
+                ("Access-Control-Allow-Headers", CORS_ALLOW_HEADERS),
+                ("Access-Control-Max-Age", CORS_MAX_AGE),
+            ]
+        else:
+            log.info("CORS preflight from an origin not allowed")
+        start("204 No Content", headers)
+        return []
 
     # ------------------------------------------------------------------ helpers
     def _error(
