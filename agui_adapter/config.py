@@ -51,6 +51,8 @@ class Settings:
     # --- the application's edge (CORS, concurrent runs)
     #: Comma-separated exact origins allowed to call the adapter from a browser, or "*".
     cors_origins: str = ""
+    #: Runs (turns, resumes, guidance) one process streams at once; beyond: 503 SERVER_BUSY.
+    max_runs: int = 256
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -77,6 +79,7 @@ ENV_NAMES: dict[str, str] = {
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
     "cors_origins": "IAC_CODE_AGUI_CORS_ORIGINS",
+    "max_runs": "IAC_CODE_AGUI_MAX_RUNS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -108,6 +111,14 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
     if name == "cors_origins":
         return _cors_origins(value)
+    if name == "max_runs":
+        try:
+            runs = int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"max_runs must be a positive integer, got {value!r}.") from None
+        if runs < 1:
+            raise ConfigError(f"max_runs must be at least 1, got {runs}.")
+        return runs
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
     if name == "kernel" and text not in KERNEL_CHOICES:
         raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")

@@ -72,6 +72,8 @@ class RunDriver:
         self._reader = FrameReader()
         self._body = self._stream()
         self._clock: Callable[[], float] = engine.clock
+        #: Called once when the run ends (its slot among the process's concurrent runs).
+        self.on_closed: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ WSGI iterable
     def __iter__(self) -> RunDriver:
@@ -83,12 +85,17 @@ class RunDriver:
     def close(self) -> None:
         """End of the response: the client left, the server closed it, or the run is over."""
         try:
-            self._body.close()
+            try:
+                self._body.close()
+            finally:
+                if not self.machine.ended:
+                    self._carry_out_quietly(self.machine.client_gone(self._clock()))
+                if self._pump is not None:
+                    self._pump.stop()
         finally:
-            if not self.machine.ended:
-                self._carry_out_quietly(self.machine.client_gone(self._clock()))
-            if self._pump is not None:
-                self._pump.stop()
+            on_closed, self.on_closed = self.on_closed, None
+            if on_closed is not None:
+                on_closed()
 
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:

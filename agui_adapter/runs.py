@@ -5,6 +5,10 @@ is read from disk, the contract's checks run in upstream's order (duplicate run 
 busy thread, binding conflict, pending interrupts), and the admitted run is written
 down before the first byte is sent. What the run then does is decided by
 ``run_machine`` (the order rules live there) and carried out by ``run_driver``.
+
+Before any of that, a run takes one of the process's ``max_runs`` slots (turns, resumes
+and guidance alike), or is refused with ``SERVER_BUSY`` having touched nothing; the slot
+is given back when the run's body is closed. The count is per process.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +41,9 @@ from .workspace import allowed_roots, ensure_workspace, resolve_workspace
 
 log = logging.getLogger("agui_adapter.runs")
 
+#: What a run refused with SERVER_BUSY is told to wait (``Retry-After``, seconds).
+RETRY_AFTER_SECONDS = 2
+
 
 def context_id_for(thread_id: str) -> str:
     return "agui-" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()[:40]
@@ -51,6 +59,8 @@ class Admission:
     run_lock: RunLock | None  # None for guidance, which never holds the thread
     mode: Mode
     parts: list[dict[str, Any]] = field(default_factory=list)
+    #: Gives back the run's slot among the concurrent runs (once; the driver's close calls it).
+    release_slot: Callable[[], None] | None = None
 
     @property
     def thread_id(self) -> str:
@@ -80,6 +90,7 @@ class RunEngine:
         self._env = dict(os.environ if env is None else env)
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
+        self._run_slots = threading.BoundedSemaphore(settings.max_runs)
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -89,7 +100,39 @@ class RunEngine:
 
     # ================================================================== admission
     def admit(self, run_input: RunInput, language: str) -> Admission:
-        """Check and record a new run; raises AguiError (answered before the stream)."""
+        """Check and record a new run; raises AguiError (answered before the stream).
+
+        The run first takes a slot among the ``max_runs`` concurrent runs, or is refused
+        with ``SERVER_BUSY`` before anything is written or sent; the slot is held until
+        ``Admission.release_slot`` is called (by the run's body when it is closed).
+        """
+        if not self._run_slots.acquire(blocking=False):
+            log.warning("run %s refused: %d runs already active", run_input.run_id, self.settings.max_runs)
+            raise AguiError(
+                Code.SERVER_BUSY, msg.SERVER_BUSY, {"seconds": RETRY_AFTER_SECONDS, "retryAfter": RETRY_AFTER_SECONDS}
+            )
+        try:
+            admission = self._admit(run_input, language)
+        except BaseException:
+            self._run_slots.release()
+            raise
+        admission.release_slot = self._slot_release()
+        return admission
+
+    def _slot_release(self) -> Callable[[], None]:
+        released = threading.Event()
+        lock = threading.Lock()
+
+        def release() -> None:
+            with lock:
+                if released.is_set():
+                    return
+                released.set()
+            self._run_slots.release()
+
+        return release
+
+    def _admit(self, run_input: RunInput, language: str) -> Admission:
         props = run_input.props
         cwd = resolve_workspace(props.cwd, self.allowed_roots())
         if props.active_guidance:
@@ -199,7 +242,9 @@ class RunEngine:
             parts=admission.parts,
             interrupt_ttl_seconds=self.settings.interrupt_ttl_seconds,
         )
-        return RunDriver(self, admission, machine)
+        driver = RunDriver(self, admission, machine)
+        driver.on_closed = admission.release_slot
+        return driver
 
     # ================================================================== cancel
     def cancel_execution(self, thread_id: str, ros_invocation_id: str, execution_id: str) -> str:

@@ -64,6 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
+    parser.add_argument("--max-runs", dest="max_runs", help="concurrent runs per process (256)")
     return parser.parse_args(argv)
 
 

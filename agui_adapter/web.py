@@ -303,6 +303,8 @@ class AguiApp:
         message = translate(language, err.message, **err.params)
         if err.code == "UNAUTHORIZED":
             extra = (extra or []) + [("WWW-Authenticate", 'Bearer realm="agui-adapter"')]
+        if "retryAfter" in err.params:
+            extra = (extra or []) + [("Retry-After", str(err.params["retryAfter"]))]
         return json_response(start_response, err.status, {"error": {"code": err.code, "message": message}}, extra)
 
     def _check_auth(self, environ: dict[str, Any]) -> None:

@@ -26,3 +26,15 @@ def test_cors_origins_from_env_file_and_flag(tmp_path: Path) -> None:
 def test_cors_origins_refuses_what_is_not_an_origin(value: str) -> None:
     with pytest.raises(ConfigError, match="cors_origins"):
         load_settings({"cors_origins": value}, env={})
+
+
+def test_max_runs_default_env_and_flag() -> None:
+    assert load_settings({}, env={}).max_runs == 256
+    assert load_settings({}, env={"IAC_CODE_AGUI_MAX_RUNS": "12"}).max_runs == 12
+    assert load_settings({"max_runs": "3"}, env={"IAC_CODE_AGUI_MAX_RUNS": "12"}).max_runs == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many", "1.5"])
+def test_max_runs_must_be_a_positive_integer(value: str) -> None:
+    with pytest.raises(ConfigError, match="max_runs"):
+        load_settings({"max_runs": value}, env={})
