@@ -353,7 +353,13 @@ class AguiApp:
         chunks: list[bytes] = []
         size = 0
         while True:
-            chunk = stream.read(_READ_CHUNK)
+            try:
+                chunk = stream.read(_READ_CHUNK)
+            except (HTTPException, OSError, ValueError):
+                # The client went away mid-body, or sent a bad chunk header: whatever
+                # arrived is not a whole JSON document.
+                log.info("request body incomplete or malformed")
+                raise AguiError("INVALID_JSON", msg.INVALID_JSON) from None
             if not chunk:
                 break
             size += len(chunk)
