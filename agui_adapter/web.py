@@ -412,8 +412,13 @@ class AguiApp:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
         log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode)
-        start_response("200 OK", list(SSE_HEADERS))
-        return self.engine.stream(admission)
+        body = self.engine.stream(admission)
+        try:
+            start_response("200 OK", list(SSE_HEADERS))
+        except BaseException:
+            body.close()  # gives the thread and the run's slot back
+            raise
+        return body
 
     def cancel(
         self, environ: dict[str, Any], start_response: StartResponse, language: str, execution_id: str
