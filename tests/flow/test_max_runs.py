@@ -79,17 +79,28 @@ def test_a_run_beyond_the_limit_is_refused_and_touches_nothing(
     assert result.status == 200 and result.terminal["type"] == "RUN_FINISHED"
 
 
+def run_when_free(client: Client, body: dict, within: float = 10.0) -> Any:
+    """Run ``body``, retrying while SERVER_BUSY: a finished run's slot comes back when the
+    server closes its body, a moment after the client has read the end of the stream."""
+    deadline = time.monotonic() + within
+    while True:
+        result = client.run(body)
+        if not busy(result) or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
 def test_refused_and_finished_runs_give_their_slot_back(make_adapter: Any, workspace: Path) -> None:
     adapter = make_adapter(max_runs=1)
     client = adapter.client()
     body = run_body(cwd=str(workspace))
     assert client.run(body).status == 200
     for _ in range(3):
-        assert client.run(body).error["code"] == "DUPLICATE_RUN_ID"
-        assert client.run(run_body(cwd="/not/allowed")).status == 400
-        assert client.run(run_body(None, cwd=str(workspace), resume=[])).status == 409  # EXECUTION_LOST
+        assert run_when_free(client, body).error["code"] == "DUPLICATE_RUN_ID"
+        assert run_when_free(client, run_body(cwd="/not/allowed")).status == 400
+        assert run_when_free(client, run_body(None, cwd=str(workspace), resume=[])).status == 409  # EXECUTION_LOST
     for _ in range(3):
-        result = client.run(run_body(cwd=str(workspace)))
+        result = run_when_free(client, run_body(cwd=str(workspace)))
         assert result.status == 200 and result.terminal["type"] == "RUN_FINISHED"
 
 
@@ -97,7 +108,16 @@ def test_the_limit_is_a_setting(make_adapter: Any, workspace: Path) -> None:
     adapter = make_adapter(max_runs=2, heartbeat_seconds=0.2)
     streams = [open_stream(adapter, run_body("[SILENT 400] hold", cwd=str(workspace))) for _ in range(2)]
     try:
-        assert busy(Client(adapter.url).run(run_body(cwd=str(workspace))))
+        result = Client(adapter.url).run(run_body(cwd=str(workspace)))
+        if not busy(result):  # say what the held runs did
+            seen = []
+            for stream in streams:
+                try:
+                    stream.raw._fp.fp.raw._sock.settimeout(1.0)
+                    seen.append(b"".join(stream.iter_content(chunk_size=None))[:2000])
+                except Exception as exc:  # noqa: BLE001 - only a diagnostic
+                    seen.append(repr(exc).encode())
+            raise AssertionError(f"not busy: {result.status}; held runs saw {seen}")
     finally:
         for stream in streams:
             stream.close()
