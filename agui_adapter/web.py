@@ -270,16 +270,16 @@ class AguiApp:
     def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
         """204 for ``OPTIONS`` on a known route (None: not one, answered as usual)."""
         adapter = URLS.bind_to_environ(environ)
-        endpoint = None
+        methods = ""
         for method in ("POST", "GET"):
             try:
                 endpoint, _ = adapter.match(method=method)
-                break
             except HTTPException:
                 continue
-        if endpoint is None:
+            methods = _ROUTE_METHODS.get(str(endpoint), f"{method}, OPTIONS")
+            break
+        if not methods:
             return None
-        methods = _ROUTE_METHODS[str(endpoint)]
         headers = [("Allow", methods)]
         if self.cors.allows(origin):
             headers += [
