@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -57,6 +58,11 @@ class Settings:
     max_connections: int = 1024
     # On SIGTERM/SIGINT, how long open runs may go on before they are ended with a final event.
     shutdown_grace_seconds: float = 10.0
+    # --- the application's edge (CORS, concurrent runs)
+    #: Comma-separated exact origins allowed to call the adapter from a browser, or "*".
+    cors_origins: str = ""
+    #: Runs (turns, resumes, guidance) one process streams at once; beyond: 503 SERVER_BUSY.
+    max_runs: int = 256
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -88,6 +94,8 @@ ENV_NAMES: dict[str, str] = {
     "send_timeout_seconds": "IAC_CODE_AGUI_SEND_TIMEOUT_SECONDS",
     "max_connections": "IAC_CODE_AGUI_MAX_CONNECTIONS",
     "shutdown_grace_seconds": "IAC_CODE_AGUI_SHUTDOWN_GRACE_SECONDS",
+    "cors_origins": "IAC_CODE_AGUI_CORS_ORIGINS",
+    "max_runs": "IAC_CODE_AGUI_MAX_RUNS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
@@ -152,6 +160,16 @@ def _coerce(name: str, value: Any) -> Any:
         if text in ("0", "false", "no", "off", ""):
             return False
         raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
+    if name == "cors_origins":
+        return _cors_origins(value)
+    if name == "max_runs":
+        try:
+            runs = int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"max_runs must be a positive integer, got {value!r}.") from None
+        if runs < 1:
+            raise ConfigError(f"max_runs must be at least 1, got {runs}.")
+        return runs
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
     if name == "kernel" and text not in KERNEL_CHOICES:
         raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")
@@ -165,6 +183,22 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"default_language must be one of {', '.join(SUPPORTED_LANGUAGES)}, got {text!r}.")
         return language
     return text
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s,]+")
+
+
+def _cors_origins(value: Any) -> str:
+    """``*`` or comma-separated exact origins (``scheme://host[:port]``, no path), normalised."""
+    items = [item.strip().rstrip("/") for item in str(value).split(",") if item.strip()]
+    if "*" in items:
+        if len(items) > 1:
+            raise ConfigError("cors_origins must be '*' alone or a list of origins, not both.")
+        return "*"
+    for item in items:
+        if not _ORIGIN.fullmatch(item.lower()):
+            raise ConfigError(f"cors_origins must list origins like https://app.example.com, got {item!r}.")
+    return ",".join(items)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, str]:

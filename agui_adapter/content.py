@@ -8,7 +8,10 @@ content error is a plain 400 ``INVALID_INPUT`` with a specific message.
 Rules (the contract's "user content" section): string content or a list of ``text`` parts
 and inline ``image`` parts (``source.type == "data"``, base64). Images must be PNG, JPEG,
 GIF or WebP, strictly base64, at most 8 MiB each and 10 MiB in total (decoded), and their
-bytes must really be of the declared type. Images above the kernel's 5 MiB limit are shrunk
+bytes must really be of the declared type. What one image may cost to decode is bounded
+before anything decodes it: the dimensions are read from the header (PNG IHDR, GIF screen
+descriptor, WebP VP8/VP8L/VP8X, JPEG SOF) and an image above :data:`MAX_IMAGE_PIXELS` is
+refused. Images above the kernel's 5 MiB limit are shrunk
 with Pillow (the optional ``images`` extra) like upstream does; without Pillow they are
 refused with a message that says how to fix it. Smaller images pass through untouched.
 """
@@ -27,8 +30,10 @@ from agui_adapter.errors import AguiError
 __all__ = [
     "KERNEL_MAX_IMAGE_BYTES",
     "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
     "MAX_TOTAL_IMAGE_BYTES",
     "build_user_parts",
+    "image_dimensions",
     "image_resizing_available",
     "latest_user_message",
 ]
@@ -45,8 +50,9 @@ _MAX_SIDE = 2000
 _LAST_RESORT_SIDE = 1000
 _JPEG_QUALITIES = (80, 60, 40, 20)
 _MAX_SHOWN_MIME = 64
-# A decoding guard below Pillow's own bomb warning (89 Mpx): 64 Mpx of RGBA is 256 MiB.
-_MAX_PIXELS = 64_000_000
+#: The pixel budget of one image, checked on its header before any decoding: 40 Mpx
+#: (a large photo) is at most 160 MiB decoded as RGBA, the most one image may cost.
+MAX_IMAGE_PIXELS = 40_000_000
 
 _WINDOWS_RESERVED = frozenset(
     {"CON", "PRN", "AUX", "NUL"} | {f"COM{i}" for i in range(1, 10)} | {f"LPT{i}" for i in range(1, 10)}
@@ -158,7 +164,64 @@ def _image(part: dict[str, Any], total_so_far: int) -> tuple[bytes, str, str]:
         raise _invalid(messages.IMAGE_INVALID)
     if actual != mime:
         raise _invalid(messages.IMAGE_TYPE_MISMATCH, mimeType=mime)
+    size = image_dimensions(data)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise _invalid(messages.IMAGE_TOO_MANY_PIXELS, limit=MAX_IMAGE_PIXELS // 1_000_000)
     return data, mime, value
+
+
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_JPEG_NO_LENGTH = frozenset({0x01, *range(0xD0, 0xDA)})
+
+
+def image_dimensions(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` read from the header of a PNG, GIF, WebP or JPEG, without decoding
+    any pixel; None when the header does not say (truncated or unknown)."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data.startswith((b"GIF87a", b"GIF89a")) and len(data) >= 10:
+        return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+    if len(data) >= 30 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        chunk = data[12:16]
+        if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":
+            return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF
+        if chunk == b"VP8L" and data[20] == 0x2F:
+            bits = int.from_bytes(data[21:25], "little")
+            return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        if chunk == b"VP8X":
+            return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+        return None
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_dimensions(data)
+    return None
+
+
+def _jpeg_dimensions(data: bytes) -> tuple[int, int] | None:
+    offset = 2
+    end = len(data)
+    while offset + 4 <= end:
+        if data[offset] != 0xFF:
+            return None
+        marker = data[offset + 1]
+        if marker == 0xFF:  # fill byte
+            offset += 1
+            continue
+        if marker in _JPEG_NO_LENGTH:
+            offset += 2
+            continue
+        if marker == 0xDA:  # start of scan: no frame header before the pixels
+            return None
+        length = int.from_bytes(data[offset + 2 : offset + 4], "big")
+        if marker in _JPEG_SOF:
+            if offset + 9 > end:
+                return None
+            height = int.from_bytes(data[offset + 5 : offset + 7], "big")
+            width = int.from_bytes(data[offset + 7 : offset + 9], "big")
+            return width, height
+        if length < 2:
+            return None
+        offset += 2 + length
+    return None
 
 
 def _strict_b64decode(value: str) -> bytes:
@@ -190,33 +253,39 @@ def _shrink(data: bytes, media_type: str) -> tuple[bytes, str]:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(data)) as opened:
-            width, height = opened.size
-            if width * height > _MAX_PIXELS:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:  # the header check's twin, for odd headers
                 raise ValueError("too many pixels to decode safely")
-            if opened.format == "JPEG":
-                opened.draft("RGB", (_MAX_SIDE, _MAX_SIDE))  # decode at a reduced scale
-            opened.load()  # strict: truncated images raise (LOAD_TRUNCATED_IMAGES is off)
-            image = opened.copy()
-        image.thumbnail((_MAX_SIDE, _MAX_SIDE), Image.Resampling.LANCZOS)
-        if media_type == "image/png":
-            encoded = _encode(image, "PNG", optimize=True)
-            if len(encoded) <= KERNEL_MAX_IMAGE_BYTES:
-                return encoded, "image/png"
-        rgb = _to_rgb(image)
-        for quality in _JPEG_QUALITIES:
-            encoded = _encode(rgb, "JPEG", quality=quality, optimize=True)
-            if len(encoded) <= KERNEL_MAX_IMAGE_BYTES:
-                return encoded, "image/jpeg"
-        rgb.thumbnail((_LAST_RESORT_SIDE, _LAST_RESORT_SIDE), Image.Resampling.LANCZOS)
-        encoded = _encode(rgb, "JPEG", quality=_JPEG_QUALITIES[-1], optimize=True)
+            if image.format == "JPEG":
+                image.draft("RGB", (_MAX_SIDE, _MAX_SIDE))  # decode at a reduced scale
+            image.load()  # strict: truncated images raise (LOAD_TRUNCATED_IMAGES is off)
+            # Shrunk in place (no copy of the full-size pixels), while the file is open.
+            image.thumbnail((_MAX_SIDE, _MAX_SIDE), Image.Resampling.LANCZOS)
+            encoded, shrunk_type = _reencode(image, media_type)
     # Pillow's decoders raise many kinds on hostile input (OSError, SyntaxError,
     # DecompressionBombError, struct.error, ...): all of them mean "not a usable image".
     except Exception:  # noqa: BLE001
         raise _invalid(messages.IMAGE_INVALID) from None
     if len(encoded) > KERNEL_MAX_IMAGE_BYTES:
         raise _invalid(messages.IMAGE_INVALID)
-    return encoded, "image/jpeg"
+    return encoded, shrunk_type
+
+
+def _reencode(image: Any, media_type: str) -> tuple[bytes, str]:
+    from PIL import Image
+
+    if media_type == "image/png":
+        encoded = _encode(image, "PNG", optimize=True)
+        if len(encoded) <= KERNEL_MAX_IMAGE_BYTES:
+            return encoded, "image/png"
+    rgb = _to_rgb(image)
+    for quality in _JPEG_QUALITIES:
+        encoded = _encode(rgb, "JPEG", quality=quality, optimize=True)
+        if len(encoded) <= KERNEL_MAX_IMAGE_BYTES:
+            return encoded, "image/jpeg"
+    rgb.thumbnail((_LAST_RESORT_SIDE, _LAST_RESORT_SIDE), Image.Resampling.LANCZOS)
+    return _encode(rgb, "JPEG", quality=_JPEG_QUALITIES[-1], optimize=True), "image/jpeg"
 
 
 def _to_rgb(image: Any) -> Any:

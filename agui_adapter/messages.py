@@ -35,6 +35,9 @@ FIELD_INTEGER = "{field} must be an integer."
 FIELD_NOT_EMPTY = "{field} must not be empty."
 FIELD_TOO_LONG = "{field} must be at most {limit} characters long."
 FIELD_MINIMUM = "{field} must be at least {limit}."
+FIELD_MAXIMUM = "{field} must be at most {limit}."
+FIELD_NOT_UNICODE = "{field} must be valid Unicode text (it contains a lone UTF-16 surrogate)."
+FIELD_TOO_DEEP = "{field} is nested too deeply (at most {limit} levels)."
 FIELD_ENUM = "{field} must be one of: {allowed}."
 FIELD_CONST = "{field} must be {value}."
 FIELD_INVALID = "{field} is invalid."
@@ -50,6 +53,7 @@ IMAGE_NOT_BASE64 = "The image data is not valid base64."
 IMAGE_TYPE_MISMATCH = "The image data is not a {mimeType} image."
 IMAGE_INVALID = "The image data is invalid."
 IMAGE_TOO_LARGE = "An image exceeds the maximum size of {limit} MiB."
+IMAGE_TOO_MANY_PIXELS = "An image exceeds the maximum of {limit} megapixels."
 IMAGES_TOO_LARGE = "The total image content exceeds the maximum size of {limit} MiB."
 IMAGE_NEEDS_RESIZE = (
     "An image is larger than the kernel's {limit} MiB limit; install the adapter's "
@@ -57,11 +61,11 @@ IMAGE_NEEDS_RESIZE = (
 )
 
 # --- workspace (cwd) ----------------------------------------------------------------
-CWD_NOT_ABSOLUTE = "The iac-code workspace must be an absolute path."
-CWD_INVALID = "The iac-code workspace is invalid."
-CWD_NOT_DIRECTORY = "The iac-code workspace is not a directory."
-CWD_OUTSIDE_ROOTS = "The iac-code workspace is outside the allowed roots."
-CWD_CANNOT_CREATE = "The iac-code workspace cannot be created."
+CWD_NOT_ABSOLUTE = "The iac-code workspace ({field}) must be an absolute path."
+CWD_INVALID = "The iac-code workspace ({field}) is invalid."
+CWD_NOT_DIRECTORY = "The iac-code workspace ({field}) is not a directory."
+CWD_OUTSIDE_ROOTS = "The iac-code workspace ({field}) is outside the allowed roots."
+CWD_CANNOT_CREATE = "The iac-code workspace ({field}) cannot be created."
 CWD_STATE_DIR = "forwardedProps.iacCode.cwd must not be the adapter's state directory, lie inside it or contain it."
 
 # --- admission -------------------------------------------------------------------
@@ -73,6 +77,7 @@ RESUME_REQUIRED = "The AG-UI thread is waiting for interrupt responses."
 EXECUTION_LOST_NO_THREAD = "The execution to resume is no longer available."
 EXECUTION_LOST_MISMATCH = "The resume request does not match the interrupted run."
 STATE_UNAVAILABLE = "The AG-UI adapter state is unavailable."
+SERVER_BUSY = "The AG-UI adapter is running as many runs as it allows; retry in {seconds} seconds."
 
 # --- run errors --------------------------------------------------------------------
 A2A_UNAVAILABLE = "The local A2A execution service is unavailable."

@@ -16,6 +16,7 @@ reads on, queues nothing, and hands the task id to the callback once it is known
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 import queue
@@ -95,6 +96,8 @@ class KernelPump(threading.Thread):
         self._stream: KernelByteStream | None = None
         self._on_task_id: Callable[[str], None] | None = None
         self.task_id: str | None = None
+        # The starting request's context (its id on this thread's log lines).
+        self._context = contextvars.copy_context()
 
     @property
     def state(self) -> PumpState:
@@ -102,6 +105,9 @@ class KernelPump(threading.Thread):
 
     # --- reader side ------------------------------------------------------------------
     def run(self) -> None:
+        self._context.run(self._open_and_read)
+
+    def _open_and_read(self) -> None:
         try:
             stream = self._open_stream()
         except KernelRejected as exc:

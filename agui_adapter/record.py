@@ -2,7 +2,9 @@
 
 A ``ThreadRecord`` is everything the adapter must remember about one AG-UI thread: its
 binding (contextId, cwd, userId, iac-code session), its current ``Execution`` (task id,
-pending interrupts, pipeline progress) and bounded idempotency records. ``store`` reads
+pending interrupts, pipeline progress) and bounded idempotency records. Those records are
+bounded in size too, not only in count: a run id is remembered by its SHA-256
+(``RunDigests``), so a thousand runs cost the same whatever ids the client chose. ``store`` reads
 and writes it; nothing here touches a file.
 
 Every change a run makes to the record is a named ``Mutation`` (``RecordIds``,
@@ -14,6 +16,8 @@ either does nothing or raises ``StaleExecution``, whichever its contract says.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -21,6 +25,51 @@ SCHEMA_VERSION = 1
 MAX_RUN_DIGESTS = 1000
 MAX_APPLIED_ANSWERS = 500
 MAX_TERMINAL_EXECUTIONS = 200
+
+
+_RUN_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def run_key(run_id: str) -> str:
+    """The fixed-size key a run id is remembered by (SHA-256, hex)."""
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class RunDigests(dict[str, str]):
+    """runId → request digest of the runs a thread has seen, oldest first.
+
+    Stored under :func:`run_key` of the run id, never the id itself, while every lookup
+    takes the run id: ``run_id in digests``, ``digests.get(run_id)``. State files written
+    before kept raw ids; those are still found (both ways), and re-keyed when read.
+    """
+
+    def __contains__(self, run_id: object) -> bool:
+        if not isinstance(run_id, str):
+            return False
+        return super().__contains__(run_key(run_id)) or super().__contains__(run_id)
+
+    def __getitem__(self, run_id: str) -> str:
+        key = run_key(run_id)
+        return super().__getitem__(key if super().__contains__(key) else run_id)
+
+    def get(self, run_id: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[run_id] if run_id in self else default
+
+    def remember(self, run_id: str, digest: str, limit: int) -> None:
+        self.pop(run_id, None)  # a raw id from an old state file
+        self.pop(run_key(run_id), None)  # a repeat moves to the end
+        super().__setitem__(run_key(run_id), digest)
+        while len(self) > limit:
+            del self[next(iter(self))]
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunDigests:
+        digests = cls()
+        for key, digest in (data or {}).items():
+            key = str(key)
+            stored = key if _RUN_KEY.fullmatch(key) else run_key(key)
+            super(RunDigests, digests).__setitem__(stored, str(digest))
+        return digests
 
 
 class RecordError(Exception):
@@ -106,15 +155,13 @@ class ThreadRecord:
     user_id: str | None
     execution: Execution
     session_id: str | None = None
-    run_digests: dict[str, str] = field(default_factory=dict)
+    run_digests: RunDigests = field(default_factory=RunDigests)
     applied_answers: list[dict[str, str]] = field(default_factory=list)
     # executionId -> rosInvocationId of executions that ended (bounded, oldest first)
     terminal_executions: dict[str, str] = field(default_factory=dict)
 
     def remember_run(self, run_id: str, digest: str) -> None:
-        self.run_digests[run_id] = digest
-        while len(self.run_digests) > MAX_RUN_DIGESTS:
-            del self.run_digests[next(iter(self.run_digests))]
+        self.run_digests.remember(run_id, digest, MAX_RUN_DIGESTS)
 
     def start_execution(self, execution_id: str, ros_invocation_id: str) -> None:
         """A new turn: a new execution in the same context and session."""
@@ -156,7 +203,7 @@ class ThreadRecord:
             "userId": self.user_id,
             "iacCodeSessionId": self.session_id,
             "execution": self.execution.to_json(),
-            "runDigests": self.run_digests,
+            "runDigests": dict(self.run_digests),
             "appliedAnswers": self.applied_answers,
             "terminalExecutions": self.terminal_executions,
         }
@@ -175,7 +222,7 @@ class ThreadRecord:
                 user_id=_opt_str(data.get("userId")),
                 session_id=_opt_str(data.get("iacCodeSessionId")),
                 execution=Execution.from_json(data["execution"]),
-                run_digests={str(k): str(v) for k, v in (data.get("runDigests") or {}).items()},
+                run_digests=RunDigests.from_json(data.get("runDigests")),
                 applied_answers=[dict(a) for a in data.get("appliedAnswers") or []],
                 terminal_executions={str(k): str(v) for k, v in (data.get("terminalExecutions") or {}).items()},
             )

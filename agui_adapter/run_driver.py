@@ -67,12 +67,14 @@ class RunDriver:
     def close(self) -> None:
         """End of the response: the client left, the server closed it, or the run is over."""
         try:
-            self._body.close()
+            try:
+                self._body.close()
+            finally:
+                if not self.machine.ended:
+                    self._carry_out_quietly(self.machine.client_gone(self._clock()))
+                if self._pump is not None:
+                    self._pump.stop()
         finally:
-            if not self.machine.ended:
-                self._carry_out_quietly(self.machine.client_gone(self._clock()))
-            if self._pump is not None:
-                self._pump.stop()
             self.engine.run_ended(self)
 
     def shut_down(self) -> None:

@@ -5,6 +5,10 @@ is read from disk, the contract's checks run in upstream's order (duplicate run 
 busy thread, binding conflict, pending interrupts), and the admitted run is written
 down before the first byte is sent. What the run then does is decided by
 ``run_machine`` (the order rules live there) and carried out by ``run_driver``.
+
+Before any of that, a run takes one of the process's ``max_runs`` slots (turns, resumes
+and guidance alike), or is refused with ``SERVER_BUSY`` having touched nothing; the slot
+is given back when the run's body is closed. The count is per process.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from .workspace import allowed_roots, ensure_workspace, resolve_workspace
 
 log = logging.getLogger("agui_adapter.runs")
 
+#: What a run refused with SERVER_BUSY is told to wait (``Retry-After``, seconds).
+RETRY_AFTER_SECONDS = 2
+
 
 def context_id_for(thread_id: str) -> str:
     return "agui-" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()[:40]
@@ -54,6 +61,8 @@ class Admission:
     mode: Mode
     parts: list[dict[str, Any]] = field(default_factory=list)
     stale_task_id: str | None = None  # a task of the thread's previous execution that may still run
+    #: Gives back the run's slot among the concurrent runs (once, when its body is closed).
+    release_slot: Callable[[], None] | None = None
 
     @property
     def thread_id(self) -> str:
@@ -81,10 +90,11 @@ class RunEngine:
         self.settings = settings
         self.clock = clock
         self._env = dict(os.environ if env is None else env)
-        self._live: set[RunDriver] = set()  # runs whose response is open
+        self._live: dict[RunDriver, Callable[[], None] | None] = {}  # open runs -> their slot release
         self._live_lock = threading.Lock()
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
+        self._run_slots = threading.BoundedSemaphore(settings.max_runs)
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -94,7 +104,39 @@ class RunEngine:
 
     # ================================================================== admission
     def admit(self, run_input: RunInput, language: str) -> Admission:
-        """Check and record a new run; raises AguiError (answered before the stream)."""
+        """Check and record a new run; raises AguiError (answered before the stream).
+
+        The run first takes a slot among the ``max_runs`` concurrent runs, or is refused
+        with ``SERVER_BUSY`` before anything is written or sent; the slot is held until
+        ``Admission.release_slot`` is called (by the run's body when it is closed).
+        """
+        if not self._run_slots.acquire(blocking=False):
+            log.warning("run %s refused: %d runs already active", run_input.run_id, self.settings.max_runs)
+            raise AguiError(
+                Code.SERVER_BUSY, msg.SERVER_BUSY, {"seconds": RETRY_AFTER_SECONDS, "retryAfter": RETRY_AFTER_SECONDS}
+            )
+        try:
+            admission = self._admit(run_input, language)
+        except BaseException:
+            self._run_slots.release()
+            raise
+        admission.release_slot = self._slot_release()
+        return admission
+
+    def _slot_release(self) -> Callable[[], None]:
+        released = threading.Event()
+        lock = threading.Lock()
+
+        def release() -> None:
+            with lock:
+                if released.is_set():
+                    return
+                released.set()
+            self._run_slots.release()
+
+        return release
+
+    def _admit(self, run_input: RunInput, language: str) -> Admission:
         props = run_input.props
         cwd = resolve_workspace(props.cwd, self.allowed_roots(), reserved=(self.store.root,))
         if props.active_guidance:
@@ -204,12 +246,15 @@ class RunEngine:
         )
         driver = RunDriver(self, admission, machine)
         with self._live_lock:
-            self._live.add(driver)
+            self._live[driver] = admission.release_slot
         return driver
 
     def run_ended(self, driver: RunDriver) -> None:
+        """A run's body was closed: it leaves the live runs and gives its slot back."""
         with self._live_lock:
-            self._live.discard(driver)
+            release_slot = self._live.pop(driver, None)
+        if release_slot is not None:
+            release_slot()
 
     def live_runs(self) -> int:
         with self._live_lock:

@@ -92,6 +92,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--shutdown-grace-seconds", dest="shutdown_grace_seconds", help="time open runs get on SIGTERM (10)"
     )
+    parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
+    parser.add_argument("--max-runs", dest="max_runs", help="concurrent runs per process (256)")
     return parser.parse_args(argv)
 
 

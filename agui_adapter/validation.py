@@ -34,10 +34,12 @@ from agui_adapter import messages
 from agui_adapter.errors import AguiError
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "SECRET_PATHS",
     "IacCodeProps",
     "ResumeEntry",
     "RunInput",
+    "check_json_text",
     "format_field",
     "preferred_language_hint",
     "redact_secrets",
@@ -158,7 +160,17 @@ _MAX_KEY_SHOWN = 64
 _VALIDATOR_RANK = {
     name: rank
     for rank, name in enumerate(
-        ("type", "required", "additionalProperties", "const", "enum", "minLength", "maxLength", "minimum")
+        (
+            "type",
+            "required",
+            "additionalProperties",
+            "const",
+            "enum",
+            "minLength",
+            "maxLength",
+            "minimum",
+            "maximum",
+        )
     )
 }
 
@@ -246,7 +258,62 @@ def _error_for(error: ValidationError) -> AguiError:
         return fail(messages.FIELD_TOO_LONG, limit=error.validator_value)
     if validator == "minimum":
         return fail(messages.FIELD_MINIMUM, limit=error.validator_value)
+    if validator == "maximum":
+        return fail(messages.FIELD_MAXIMUM, limit=error.validator_value)
     return fail(messages.FIELD_INVALID)
+
+
+# --- what JSON itself lets through --------------------------------------------------------
+
+#: How deeply a request body may nest arrays and objects. Deep enough for any real
+#: ``state`` or resume payload; shallow enough that nothing downstream (copies, digests,
+#: the kernel's own encoders) can run out of stack on it.
+MAX_JSON_DEPTH = 100
+_MAX_FIELD_SHOWN = 200
+# A JSON escape of a UTF-16 surrogate: the only way a lone one can reach a parsed string
+# (raw UTF-8 cannot encode surrogates, and the decoder refuses such bytes).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _shown_field(path: list[str | int]) -> str:
+    shown = format_field(path)
+    return shown if len(shown) <= _MAX_FIELD_SHOWN else shown[: _MAX_FIELD_SHOWN - 1] + "…"
+
+
+def check_json_text(payload: object, body: bytes) -> None:
+    """Refuse what valid JSON allows but nothing downstream can carry: nesting deeper than
+    :data:`MAX_JSON_DEPTH`, and lone UTF-16 surrogates (``"\\ud800"``) in any string or key,
+    which cannot be encoded as UTF-8 and so can be neither stored nor sent to the kernel.
+
+    ``body`` is the raw request the payload was parsed from; it only decides cheaply
+    whether the walk is needed at all (few brackets, no surrogate escape: nothing to do).
+    Raises ``AguiError("INVALID_INPUT", …)`` naming the field.
+    """
+    check_depth = body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+    check_text = _SURROGATE_ESCAPE.search(body) is not None
+    if not (check_depth or check_text):
+        return
+    stack: list[tuple[object, list[str | int]]] = [(payload, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if check_text and _LONE_SURROGATE.search(node):
+                raise AguiError("INVALID_INPUT", messages.FIELD_NOT_UNICODE, {"field": _shown_field(path)})
+            continue
+        if not isinstance(node, (dict, list)):
+            continue
+        if len(path) >= MAX_JSON_DEPTH:
+            raise AguiError(
+                "INVALID_INPUT", messages.FIELD_TOO_DEEP, {"field": _shown_field(path[:2]), "limit": MAX_JSON_DEPTH}
+            )
+        if isinstance(node, dict):
+            for key, value in reversed(node.items()):
+                if check_text and _LONE_SURROGATE.search(key):
+                    raise AguiError("INVALID_INPUT", messages.FIELD_NOT_UNICODE, {"field": _shown_field(path)})
+                stack.append((value, [*path, key]))
+        else:
+            stack.extend((value, [*path, index]) for index, value in reversed(list(enumerate(node))))
 
 
 # --- public API -------------------------------------------------------------------------

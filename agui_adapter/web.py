@@ -6,18 +6,35 @@ envelope, admission) and every failure before the stream is the JSON shape
 ``{"error": {"code", "message"}}`` in the request's language. The SSE response is the
 run's generator, returned as the WSGI iterable itself so that servers call its
 ``close()`` when the client goes away.
+
+Every request has an id: the client's ``X-Request-ID`` when it is printable ASCII of at
+most 128 characters, else a fresh one. It is echoed on every response and, through a
+context variable read by a log record factory installed with the app, appended to every
+log line written while the request is handled, its SSE body's iterations included (the
+server iterates the body later, so the body is wrapped to set the id around each step).
+
+CORS (``cors_origins``; none by default, and then no CORS header at all): a preflight
+``OPTIONS`` on a known route is answered 204 before auth (a preflight never carries the
+bearer token), with the ``Access-Control-Allow-*`` headers only when the ``Origin`` is
+allowed; every actual response to an allowed origin carries ``Access-Control-Allow-Origin``
+(the origin itself) and exposes ``X-Request-ID`` and ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import json
 import logging
-from collections.abc import Callable, Iterable
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
+from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
@@ -25,9 +42,9 @@ from . import PROTOCOL_VERSION, __version__, console_page
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError
-from .i18n import negotiate_language, translate, weighted_items
+from .i18n import negotiate_language, translate
 from .runs import RunEngine
-from .validation import preferred_language_hint, validate_run_input
+from .validation import check_json_text, preferred_language_hint, validate_run_input
 
 log = logging.getLogger("agui_adapter.web")
 
@@ -36,6 +53,113 @@ MAX_CANCEL_BODY = 64 * 1024
 _READ_CHUNK = 64 * 1024
 
 StartResponse = Callable[..., Any]
+
+MAX_REQUEST_ID = 128
+REQUEST_ID_HEADER = "X-Request-ID"
+#: The id of the request being handled on this thread (None outside a request).
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("agui_request_id", default=None)
+
+
+def request_id_for(environ: dict[str, Any]) -> str:
+    """The client's ``X-Request-ID`` if printable ASCII of at most 128 characters, else a new one."""
+    given = environ.get("HTTP_X_REQUEST_ID", "").strip()
+    if 0 < len(given) <= MAX_REQUEST_ID and all(" " <= ch <= "~" for ch in given):
+        return given
+    return uuid.uuid4().hex
+
+
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Accept, Accept-Language, Last-Event-ID, X-Request-ID"
+CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
+CORS_MAX_AGE = "600"
+_ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
+_ROUTE_METHODS["ready"] = _ROUTE_METHODS["health"]
+
+
+class CorsPolicy:
+    """Which browser origins may call the adapter (``cors_origins``: exact origins or ``*``)."""
+
+    def __init__(self, setting: str) -> None:
+        items = [item.strip().lower() for item in setting.split(",") if item.strip()]
+        self.enabled = bool(items)
+        self.any_origin = "*" in items
+        self.origins = frozenset(items)
+
+    def allows(self, origin: str) -> bool:
+        return bool(origin) and (self.any_origin or origin.lower() in self.origins)
+
+    def response_headers(self, origin: str) -> list[tuple[str, str]]:
+        """What every actual response carries (``Vary: Origin`` whenever CORS is on)."""
+        if not self.enabled:
+            return []
+        if not self.allows(origin):
+            return [("Vary", "Origin")]
+        return [
+            ("Access-Control-Allow-Origin", origin),
+            ("Vary", "Origin"),
+            ("Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS),
+        ]
+
+
+_factory_lock = threading.Lock()
+_factory_installed = False
+
+
+def install_request_id_logging() -> None:
+    """Make every log record written during a request carry its id: as ``record.request_id``
+    (``-`` outside a request) and at the end of the message, whatever the handler's format."""
+    global _factory_installed
+    with _factory_lock:
+        if _factory_installed:
+            return
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            request_id = REQUEST_ID.get()
+            record.request_id = request_id or "-"
+            if request_id:
+                try:
+                    message = record.getMessage()
+                except Exception:  # noqa: BLE001 - a bad log call keeps its own failure mode
+                    return record
+                record.msg, record.args = f"{message} [request {request_id}]", None
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _factory_installed = True
+
+
+class RequestScoped:
+    """A WSGI body iterated (and closed) with its request's id set, on whichever thread."""
+
+    def __init__(self, body: Iterable[bytes], request_id: str) -> None:
+        self._body = body
+        self._iterator: Iterator[bytes] = iter(body)
+        self._request_id = request_id
+
+    def __iter__(self) -> RequestScoped:
+        return self
+
+    def __next__(self) -> bytes:
+        token = REQUEST_ID.set(self._request_id)
+        try:
+            return next(self._iterator)
+        finally:
+            REQUEST_ID.reset(token)
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is None:
+            return
+        token = REQUEST_ID.set(self._request_id)
+        try:
+            close()
+        finally:
+            REQUEST_ID.reset(token)
+
+    def __getattr__(self, name: str) -> Any:  # anything else a server may ask the body
+        return getattr(self._body, name)
+
 
 SSE_HEADERS = [
     ("Content-Type", "text/event-stream; charset=utf-8"),
@@ -84,8 +208,36 @@ class AguiApp:
         self.kernel: KernelClient = engine.kernel
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
+        self.cors = CorsPolicy(getattr(engine.settings, "cors_origins", ""))
+        install_request_id_logging()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        request_id = request_id_for(environ)
+        origin = environ.get("HTTP_ORIGIN", "")
+        edge_headers = [(REQUEST_ID_HEADER, request_id), *self.cors.response_headers(origin)]
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            return start_response(status, list(headers) + edge_headers, exc_info)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            if self.cors.enabled and environ.get("REQUEST_METHOD") == "OPTIONS":
+                preflight = self._preflight(environ, start, origin)
+                if preflight is not None:
+                    return preflight
+            body = self._dispatch(environ, start)
+            if environ.get("REQUEST_METHOD") == "HEAD":
+                # HEAD is answered like GET (/health, /ready) or refused like any other
+                # method, but never with a body, whatever the server does about it.
+                close = getattr(body, "close", None)
+                if close is not None:
+                    close()
+                return []
+        finally:
+            REQUEST_ID.reset(token)
+        return body if isinstance(body, list) else RequestScoped(body, request_id)
+
+    def _dispatch(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), None, self.default_language)
         try:
             adapter = URLS.bind_to_environ(environ)
@@ -118,6 +270,31 @@ class AguiApp:
             log.exception("unexpected failure on %s", environ.get("PATH_INFO"))
             return self._error(start_response, language, AguiError("INTERNAL_ERROR", msg.INTERNAL_ERROR))
 
+    def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
+        """204 for ``OPTIONS`` on a known route (None: not one, answered as usual)."""
+        adapter = URLS.bind_to_environ(environ)
+        methods = ""
+        for method in ("POST", "GET"):
+            try:
+                endpoint, _ = adapter.match(method=method)
+            except HTTPException:
+                continue
+            methods = _ROUTE_METHODS.get(str(endpoint), f"{method}, OPTIONS")
+            break
+        if not methods:
+            return None
+        headers = [("Allow", methods)]
+        if self.cors.allows(origin):
+            headers += [
+                ("Access-Control-Allow-Methods", methods),
+                ("Access-Control-Allow-Headers", CORS_ALLOW_HEADERS),
+                ("Access-Control-Max-Age", CORS_MAX_AGE),
+            ]
+        else:
+            log.info("CORS preflight from an origin not allowed")
+        start("204 No Content", headers)
+        return []
+
     # ------------------------------------------------------------------ helpers
     def _error(
         self,
@@ -129,6 +306,8 @@ class AguiApp:
         message = translate(language, err.message, **err.params)
         if err.code == "UNAUTHORIZED":
             extra = (extra or []) + [("WWW-Authenticate", 'Bearer realm="agui-adapter"')]
+        if "retryAfter" in err.params:
+            extra = (extra or []) + [("Retry-After", str(err.params["retryAfter"]))]
         return json_response(start_response, err.status, {"error": {"code": err.code, "message": message}}, extra)
 
     def _check_auth(self, environ: dict[str, Any]) -> None:
@@ -151,8 +330,15 @@ class AguiApp:
         accept = environ.get("HTTP_ACCEPT", "").strip()
         if not accept:
             return
-        for media, q in weighted_items(accept):
-            if q > 0 and media.lower() in ("text/event-stream", "text/*", "*/*"):
+        # Werkzeug drops items whose q is not a number in [0, 1] (inf, nan, 2) and lets the
+        # most specific range decide: "text/event-stream;q=0, */*" refuses the stream.
+        ranges = parse_accept_header(accept, MIMEAccept)
+        if ranges.best_match(("text/event-stream",)) is not None:
+            return
+        # Werkzeug matches media type parameters exactly: "text/event-stream; charset=utf-8"
+        # names the stream too.
+        for item, q in ranges:
+            if q > 0 and item.partition(";")[0].strip().lower() == "text/event-stream":
                 return
         raise AguiError("NOT_ACCEPTABLE", msg.NOT_ACCEPTABLE)
 
@@ -170,7 +356,13 @@ class AguiApp:
         chunks: list[bytes] = []
         size = 0
         while True:
-            chunk = stream.read(_READ_CHUNK)
+            try:
+                chunk = stream.read(_READ_CHUNK)
+            except (HTTPException, OSError, ValueError):
+                # The client went away mid-body, or sent a bad chunk header: whatever
+                # arrived is not a whole JSON document.
+                log.info("request body incomplete or malformed")
+                raise AguiError("INVALID_JSON", msg.INVALID_JSON) from None
             if not chunk:
                 break
             size += len(chunk)
@@ -182,9 +374,10 @@ class AguiApp:
     @staticmethod
     def _parse_json(body: bytes, invalid: str) -> Any:
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+            payload = json.loads(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise AguiError("INVALID_JSON", invalid) from None
+        return payload
 
     # ------------------------------------------------------------------ endpoints
     def health(self, start_response: StartResponse) -> list[bytes]:
@@ -224,14 +417,20 @@ class AguiApp:
             environ.get("HTTP_ACCEPT_LANGUAGE"), preferred_language_hint(payload), self.default_language
         )
         try:
+            check_json_text(payload, body)
             run_input = validate_run_input(payload)
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
         log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode)
-        start_response("200 OK", list(SSE_HEADERS))
-        return self.engine.stream(admission)
+        body = self.engine.stream(admission)
+        try:
+            start_response("200 OK", list(SSE_HEADERS))
+        except BaseException:
+            body.close()  # gives the thread and the run's slot back
+            raise
+        return body
 
     def cancel(
         self, environ: dict[str, Any], start_response: StartResponse, language: str, execution_id: str
@@ -240,6 +439,7 @@ class AguiApp:
         self._check_content_type(environ)
         body = self._read_body(environ, MAX_CANCEL_BODY, msg.CANCEL_BODY_TOO_LARGE)
         payload = self._parse_json(body, msg.CANCEL_INVALID_JSON)
+        check_json_text(payload, body)
         if not isinstance(payload, dict):
             raise AguiError("INVALID_INPUT", msg.CANCEL_NOT_AN_OBJECT)
         thread_id, ros_id = payload.get("threadId"), payload.get("rosInvocationId")

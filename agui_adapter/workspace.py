@@ -32,14 +32,17 @@ from pathlib import Path
 from agui_adapter import messages
 from agui_adapter.errors import AguiError
 
-__all__ = ["ROOT_VARIABLES", "allowed_roots", "ensure_workspace", "resolve_workspace"]
+__all__ = ["CWD_FIELD", "ROOT_VARIABLES", "allowed_roots", "ensure_workspace", "resolve_workspace"]
 
 #: The variables naming the allowed roots, by precedence (the first non-empty one wins).
 ROOT_VARIABLES = ("IAC_CODE_AGUI_ALLOWED_CWDS", "IACCODE_A2A_ALLOWED_CWDS")
 
+#: The field every workspace error names, as the envelope's field errors name theirs.
+CWD_FIELD = "forwardedProps.iacCode.cwd"
+
 
 def _invalid(template: str) -> AguiError:
-    return AguiError("INVALID_INPUT", template)
+    return AguiError("INVALID_INPUT", template, {"field": CWD_FIELD})
 
 
 def allowed_roots(env: Mapping[str, str], process_cwd: str, temp_dir: str) -> list[Path]:

@@ -200,7 +200,8 @@ def test_language_negotiation(client: Client, workspace: Path) -> None:
     assert result.error["message"] == client_translate("de", "The request body is not valid JSON.")
     body = run_body(cwd="relative", preferredLanguage="ja-JP")
     result = client.run(body, headers={"Accept-Language": "de"})
-    assert result.error["message"] == client_translate("ja", "The iac-code workspace must be an absolute path.")
+    expected = client_translate("ja", "The iac-code workspace ({field}) must be an absolute path.")
+    assert result.error["message"] == expected.format(field="forwardedProps.iacCode.cwd")
     result = client.run(b"{oops", headers={"Accept-Language": "xx, *;q=0.1"})
     assert result.error["message"] == "The request body is not valid JSON."
 
