@@ -25,7 +25,7 @@ import unicodedata
 from typing import Any
 
 from agui_adapter import messages
-from agui_adapter.errors import AguiError
+from agui_adapter.errors import AguiError, Code
 
 __all__ = [
     "KERNEL_MAX_IMAGE_BYTES",
@@ -61,7 +61,7 @@ _FORBIDDEN_FILENAME_CHARS = frozenset('/\\<>:"|?*')
 
 
 def _invalid(template: str, **params: Any) -> AguiError:
-    return AguiError("INVALID_INPUT", template, params)
+    return AguiError(Code.INVALID_INPUT, template, params)
 
 
 def latest_user_message(messages_: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -84,7 +84,7 @@ def image_resizing_available() -> bool:
 def build_user_parts(messages_: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
     """Convert the latest user message into A2A parts.
 
-    Returns ``(message id or None, parts)``. Raises ``AguiError("INVALID_INPUT", …)`` with the
+    Returns ``(message id or None, parts)``. Raises ``AguiError(Code.INVALID_INPUT, …)`` with the
     specific content message on the first problem, in part order.
     """
     message = latest_user_message(messages_)

@@ -19,7 +19,7 @@ import jsonschema
 from . import interrupts as intr
 from . import messages as msg
 from . import outbound
-from .errors import AguiError, clip_detail
+from .errors import AguiError, Code, clip_detail
 from .record import PendingInterrupt
 from .validation import ResumeEntry
 
@@ -81,24 +81,24 @@ def plan(
     ids = [e.interrupt_id for e in entries]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise AguiError("INCOMPLETE_RESUME", msg.RESUME_DUPLICATE_IDS, {"ids": ", ".join(duplicates)})
+        raise AguiError(Code.INCOMPLETE_RESUME, msg.RESUME_DUPLICATE_IDS, {"ids": ", ".join(duplicates)})
     digests = {e.interrupt_id: intr.answer_digest(e.status, e.payload) for e in entries}
     applied = {i: applied_digest(i) for i in ids}
     if not pending:
         if any(applied[i] is not None for i in ids):
-            raise AguiError("RESUME_ALREADY_APPLIED", msg.RESUME_ALREADY_APPLIED)
-        raise AguiError("EXECUTION_LOST", msg.RESUME_TASK_UNAVAILABLE)
+            raise AguiError(Code.RESUME_ALREADY_APPLIED, msg.RESUME_ALREADY_APPLIED)
+        raise AguiError(Code.EXECUTION_LOST, msg.RESUME_TASK_UNAVAILABLE)
     expired = first_expiry(pending, now)
     if expired is not None:
         raise Expired(expired)
     unknown = sorted(i for i in ids if i not in pending and applied[i] is None)
     if unknown:
-        raise AguiError("UNKNOWN_INTERRUPT", msg.RESUME_UNKNOWN, {"ids": ", ".join(unknown)})
+        raise AguiError(Code.UNKNOWN_INTERRUPT, msg.RESUME_UNKNOWN, {"ids": ", ".join(unknown)})
     if any(i not in pending and applied[i] != digests[i] for i in ids):
-        raise AguiError("RESUME_ALREADY_APPLIED", msg.RESUME_ALREADY_APPLIED)
+        raise AguiError(Code.RESUME_ALREADY_APPLIED, msg.RESUME_ALREADY_APPLIED)
     missing = [i for i in pending if i not in digests]
     if missing:
-        raise AguiError("INCOMPLETE_RESUME", msg.RESUME_INCOMPLETE, {"ids": ", ".join(missing)})
+        raise AguiError(Code.INCOMPLETE_RESUME, msg.RESUME_INCOMPLETE, {"ids": ", ".join(missing)})
     answers = [
         answer_for(e, pending[e.interrupt_id], digests[e.interrupt_id], task_id=task_id)
         for e in entries
@@ -134,7 +134,7 @@ def answer_for(entry: ResumeEntry, stored: PendingInterrupt, digest: str, *, tas
             raise CancelExecution(input_id)
         payload = {"decision": "deny"}
     elif not entry.has_payload or payload is None:
-        raise AguiError("RESUME_PAYLOAD_INVALID", msg.RESUME_PAYLOAD_MISSING, {"id": input_id})
+        raise AguiError(Code.RESUME_PAYLOAD_INVALID, msg.RESUME_PAYLOAD_MISSING, {"id": input_id})
     reason = payload_error(interrupt.get("responseSchema") or {}, payload)
     if reason is not None:
         raise AguiError(
@@ -142,7 +142,7 @@ def answer_for(entry: ResumeEntry, stored: PendingInterrupt, digest: str, *, tas
         )
     if permission:
         if not tool_use_id:
-            raise AguiError("A2A_PROTOCOL_ERROR", msg.RESUME_TASK_MISMATCH)
+            raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.RESUME_TASK_MISMATCH)
         answer.part = outbound.permission_decision(
             task_id=task_id or "", input_id=input_id, tool_use_id=tool_use_id, decision=payload["decision"]
         )
@@ -152,7 +152,7 @@ def answer_for(entry: ResumeEntry, stored: PendingInterrupt, digest: str, *, tas
     else:
         text = intr.answer_text(kernel_input, payload)
         if not text:
-            raise AguiError("RESUME_PAYLOAD_INVALID", msg.RESUME_NO_ANSWER, {"id": input_id})
+            raise AguiError(Code.RESUME_PAYLOAD_INVALID, msg.RESUME_NO_ANSWER, {"id": input_id})
         answer.part = {"text": text}
         answer.result = text
     return answer

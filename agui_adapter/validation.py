@@ -31,7 +31,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from agui_adapter import messages
-from agui_adapter.errors import AguiError
+from agui_adapter.errors import AguiError, Code
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -226,7 +226,7 @@ def _error_for(error: ValidationError) -> AguiError:
     instance = error.instance
 
     def fail(template: str, **params: Any) -> AguiError:
-        return AguiError("INVALID_INPUT", template, {"field": format_field(path), **params})
+        return AguiError(Code.INVALID_INPUT, template, {"field": format_field(path), **params})
 
     if "propertyNames" in error.schema_path:  # a bad key (e.g. an llmHeaders name)
         return fail(messages.FIELD_INVALID)
@@ -288,7 +288,7 @@ def check_json_text(payload: object, body: bytes) -> None:
 
     ``body`` is the raw request the payload was parsed from; it only decides cheaply
     whether the walk is needed at all (few brackets, no surrogate escape: nothing to do).
-    Raises ``AguiError("INVALID_INPUT", …)`` naming the field.
+    Raises ``AguiError(Code.INVALID_INPUT, …)`` naming the field.
     """
     check_depth = body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
     check_text = _SURROGATE_ESCAPE.search(body) is not None
@@ -299,7 +299,7 @@ def check_json_text(payload: object, body: bytes) -> None:
         node, path = stack.pop()
         if isinstance(node, str):
             if check_text and _LONE_SURROGATE.search(node):
-                raise AguiError("INVALID_INPUT", messages.FIELD_NOT_UNICODE, {"field": _shown_field(path)})
+                raise AguiError(Code.INVALID_INPUT, messages.FIELD_NOT_UNICODE, {"field": _shown_field(path)})
             continue
         if not isinstance(node, (dict, list)):
             continue
@@ -310,7 +310,7 @@ def check_json_text(payload: object, body: bytes) -> None:
         if isinstance(node, dict):
             for key, value in reversed(node.items()):
                 if check_text and _LONE_SURROGATE.search(key):
-                    raise AguiError("INVALID_INPUT", messages.FIELD_NOT_UNICODE, {"field": _shown_field(path)})
+                    raise AguiError(Code.INVALID_INPUT, messages.FIELD_NOT_UNICODE, {"field": _shown_field(path)})
                 stack.append((value, [*path, key]))
         else:
             stack.extend((value, [*path, index]) for index, value in reversed(list(enumerate(node))))
@@ -369,18 +369,18 @@ def _resume(value: Any) -> list[ResumeEntry] | None:
 def validate_run_input(payload: object) -> RunInput:
     """Check a parsed request body against the contract and return its typed view.
 
-    Raises ``AguiError("INVALID_INPUT", …)`` naming the first offending field (errors are
+    Raises ``AguiError(Code.INVALID_INPUT, …)`` naming the first offending field (errors are
     ordered by path, then by how fundamental the failed keyword is, so the answer is
     deterministic). A non-empty ``tools`` is refused after the schema passes.
     """
     if not isinstance(payload, dict):
-        raise AguiError("INVALID_INPUT", messages.NOT_AN_OBJECT)
+        raise AguiError(Code.INVALID_INPUT, messages.NOT_AN_OBJECT)
     errors = sorted(_validator().iter_errors(payload), key=_sort_key)
     if errors:
         raise _error_for(errors[0])
     tools = payload.get("tools", [])
     if tools:
-        raise AguiError("INVALID_INPUT", messages.TOOLS_NOT_SUPPORTED)
+        raise AguiError(Code.INVALID_INPUT, messages.TOOLS_NOT_SUPPORTED)
     parent = payload.get("parentRunId")
     return RunInput(
         thread_id=payload["threadId"],

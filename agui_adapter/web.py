@@ -41,7 +41,7 @@ from werkzeug.wsgi import get_input_stream
 from . import PROTOCOL_VERSION, __version__, console_page
 from . import messages as msg
 from .a2a import KernelClient
-from .errors import AguiError
+from .errors import AguiError, Code
 from .i18n import negotiate_language, translate
 from .runs import RunEngine
 from .validation import check_json_text, preferred_language_hint, validate_run_input
@@ -243,17 +243,17 @@ class AguiApp:
             adapter = URLS.bind_to_environ(environ)
             endpoint, args = adapter.match()
         except NotFound:
-            return self._error(start_response, language, AguiError("NOT_FOUND", msg.NOT_FOUND))
+            return self._error(start_response, language, AguiError(Code.NOT_FOUND, msg.NOT_FOUND))
         except MethodNotAllowed as exc:
             allow = ", ".join(sorted(exc.valid_methods or []))
             return self._error(
                 start_response,
                 language,
-                AguiError("METHOD_NOT_ALLOWED", msg.METHOD_NOT_ALLOWED),
+                AguiError(Code.METHOD_NOT_ALLOWED, msg.METHOD_NOT_ALLOWED),
                 extra=[("Allow", allow)],
             )
         except HTTPException:  # e.g. a redirect for a path variant
-            return self._error(start_response, language, AguiError("NOT_FOUND", msg.NOT_FOUND))
+            return self._error(start_response, language, AguiError(Code.NOT_FOUND, msg.NOT_FOUND))
         try:
             if endpoint == "health":
                 return self.health(start_response)
@@ -268,7 +268,7 @@ class AguiApp:
             return self._error(start_response, language, err)
         except Exception:  # noqa: BLE001 - always answer JSON, never a bare 500
             log.exception("unexpected failure on %s", environ.get("PATH_INFO"))
-            return self._error(start_response, language, AguiError("INTERNAL_ERROR", msg.INTERNAL_ERROR))
+            return self._error(start_response, language, AguiError(Code.INTERNAL_ERROR, msg.INTERNAL_ERROR))
 
     def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
         """204 for ``OPTIONS`` on a known route (None: not one, answered as usual)."""
@@ -304,7 +304,7 @@ class AguiApp:
         extra: list[tuple[str, str]] | None = None,
     ) -> list[bytes]:
         message = translate(language, err.message, **err.params)
-        if err.code == "UNAUTHORIZED":
+        if err.code == Code.UNAUTHORIZED:
             extra = (extra or []) + [("WWW-Authenticate", 'Bearer realm="agui-adapter"')]
         if "retryAfter" in err.params:
             extra = (extra or []) + [("Retry-After", str(err.params["retryAfter"]))]
@@ -317,13 +317,13 @@ class AguiApp:
         scheme, _, token = header.partition(" ")
         ok = scheme.lower() == "bearer" and hmac.compare_digest(token.encode("utf-8"), self._auth_token)
         if not ok:
-            raise AguiError("UNAUTHORIZED", msg.UNAUTHORIZED)
+            raise AguiError(Code.UNAUTHORIZED, msg.UNAUTHORIZED)
 
     @staticmethod
     def _check_content_type(environ: dict[str, Any]) -> None:
         content_type = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
         if content_type != "application/json":
-            raise AguiError("UNSUPPORTED_MEDIA_TYPE", msg.UNSUPPORTED_MEDIA_TYPE)
+            raise AguiError(Code.UNSUPPORTED_MEDIA_TYPE, msg.UNSUPPORTED_MEDIA_TYPE)
 
     @staticmethod
     def _check_accept(environ: dict[str, Any]) -> None:
@@ -340,7 +340,7 @@ class AguiApp:
         for item, q in ranges:
             if q > 0 and item.partition(";")[0].strip().lower() == "text/event-stream":
                 return
-        raise AguiError("NOT_ACCEPTABLE", msg.NOT_ACCEPTABLE)
+        raise AguiError(Code.NOT_ACCEPTABLE, msg.NOT_ACCEPTABLE)
 
     @staticmethod
     def _read_body(environ: dict[str, Any], limit: int, too_large: str) -> bytes:
@@ -351,7 +351,7 @@ class AguiApp:
             except ValueError:
                 declared = -1
             if declared > limit:
-                raise AguiError("REQUEST_TOO_LARGE", too_large, {"limit": limit})
+                raise AguiError(Code.REQUEST_TOO_LARGE, too_large, {"limit": limit})
         stream = get_input_stream(environ, safe_fallback=False, max_content_length=None)
         chunks: list[bytes] = []
         size = 0
@@ -362,12 +362,12 @@ class AguiApp:
                 # The client went away mid-body, or sent a bad chunk header: whatever
                 # arrived is not a whole JSON document.
                 log.info("request body incomplete or malformed")
-                raise AguiError("INVALID_JSON", msg.INVALID_JSON) from None
+                raise AguiError(Code.INVALID_JSON, msg.INVALID_JSON) from None
             if not chunk:
                 break
             size += len(chunk)
             if size > limit:
-                raise AguiError("REQUEST_TOO_LARGE", too_large, {"limit": limit})
+                raise AguiError(Code.REQUEST_TOO_LARGE, too_large, {"limit": limit})
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -376,7 +376,7 @@ class AguiApp:
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise AguiError("INVALID_JSON", invalid) from None
+            raise AguiError(Code.INVALID_JSON, invalid) from None
         return payload
 
     # ------------------------------------------------------------------ endpoints
@@ -396,12 +396,12 @@ class AguiApp:
     def ready(self, start_response: StartResponse, language: str) -> list[bytes]:
         if self.kernel.health(timeout=2.0):
             return json_response(start_response, 200, {"status": "ready"})
-        return self._error(start_response, language, AguiError("A2A_UNAVAILABLE", msg.KERNEL_NOT_READY))
+        return self._error(start_response, language, AguiError(Code.A2A_UNAVAILABLE, msg.KERNEL_NOT_READY))
 
     def console(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> list[bytes]:
         """The console page for a browser's ``GET /``; any other request keeps the JSON 405."""
         if environ.get("REQUEST_METHOD") != "GET" or not console_page.wants_page(environ.get("HTTP_ACCEPT", "")):
-            err = AguiError("METHOD_NOT_ALLOWED", msg.METHOD_NOT_ALLOWED)
+            err = AguiError(Code.METHOD_NOT_ALLOWED, msg.METHOD_NOT_ALLOWED)
             return self._error(start_response, language, err, extra=[("Allow", "POST")])
         body = console_page.page()
         start_response("200 OK", console_page.PAGE_HEADERS + [("Content-Length", str(len(body)))])
@@ -441,9 +441,9 @@ class AguiApp:
         payload = self._parse_json(body, msg.CANCEL_INVALID_JSON)
         check_json_text(payload, body)
         if not isinstance(payload, dict):
-            raise AguiError("INVALID_INPUT", msg.CANCEL_NOT_AN_OBJECT)
+            raise AguiError(Code.INVALID_INPUT, msg.CANCEL_NOT_AN_OBJECT)
         thread_id, ros_id = payload.get("threadId"), payload.get("rosInvocationId")
         if not (isinstance(thread_id, str) and thread_id and isinstance(ros_id, str) and ros_id):
-            raise AguiError("INVALID_INPUT", msg.CANCEL_FIELDS_REQUIRED)
+            raise AguiError(Code.INVALID_INPUT, msg.CANCEL_FIELDS_REQUIRED)
         status = self.engine.cancel_execution(thread_id, ros_id, execution_id)
         return json_response(start_response, 200, {"executionId": execution_id, "status": status})

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agui_adapter import messages
-from agui_adapter.errors import AguiError
+from agui_adapter.errors import AguiError, Code
 
 __all__ = ["CWD_FIELD", "ROOT_VARIABLES", "allowed_roots", "ensure_workspace", "resolve_workspace"]
 
@@ -42,7 +42,7 @@ CWD_FIELD = "forwardedProps.iacCode.cwd"
 
 
 def _invalid(template: str) -> AguiError:
-    return AguiError("INVALID_INPUT", template, {"field": CWD_FIELD})
+    return AguiError(Code.INVALID_INPUT, template, {"field": CWD_FIELD})
 
 
 def allowed_roots(env: Mapping[str, str], process_cwd: str, temp_dir: str) -> list[Path]:
@@ -83,7 +83,7 @@ def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] 
     ``raw`` must be absolute after ``~`` expansion. It is normalized, then resolved with
     symlinks followed, so a link pointing out of a root is refused. It must not be one of
     the ``reserved`` directories (the adapter's state directory), lie inside one or contain
-    one. Raises ``AguiError("INVALID_INPUT", CWD_*)``.
+    one. Raises ``AguiError(Code.INVALID_INPUT, CWD_*)``.
     """
     if not isinstance(raw, str) or not raw:
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
@@ -123,7 +123,7 @@ def ensure_workspace(path: Path) -> None:
     """Create the workspace directory (and its parents) if missing.
 
     Call it only once the request is admitted. Raises
-    ``AguiError("INVALID_INPUT", CWD_CANNOT_CREATE)``.
+    ``AguiError(Code.INVALID_INPUT, CWD_CANNOT_CREATE)``.
     """
     try:
         path.mkdir(parents=True, exist_ok=True)
