@@ -106,10 +106,13 @@ class RunDriver:
             if not items:
                 yield ev.HEARTBEAT
                 continue
+            now = self._clock()
             for item in items:
-                now = self._clock()
                 if type(item) is Chunk:
                     effects = machine.frames(self._reader.feed(item.data), now)
+                    if len(effects) == 1 and type(effects[0]) is fx.Emit:  # the common case: events only
+                        out.extend(effects[0].events)  # type: ignore[union-attr]
+                        continue
                 elif type(item) is StreamEnd:
                     effects = machine.frames(self._reader.close(), now)
                     yield from self._carry_out(effects, out)
