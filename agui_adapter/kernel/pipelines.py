@@ -353,7 +353,7 @@ def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, No
                 "prompt": "Query cloud prices Allow once?",
                 "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
                 "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-                "scope": "candidate",
+                "scope": "candidate_step",
                 "subPipelineId": f"sub-{cid}",
             }
             wait = Pending.for_permission(

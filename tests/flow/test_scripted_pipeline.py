@@ -427,7 +427,8 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
         assert env["scope"] == "candidate" and env["step"]["id"] == "evaluate_candidates"
         cid = env["candidate"]["id"]
         assert env["candidate"] == {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"}
-    deltas = [e for e in of_type(envs, "text_delta") if e["scope"] == "candidate"]
+    # inside a candidate's step the real kernel's scope is "candidate_step" (tests/data/a2a-selling/01)
+    deltas = [e for e in of_type(envs, "text_delta") if e["scope"] == "candidate_step"]
     assert [e["candidate"]["id"] for e in deltas] == ["c1", "c2", "c1", "c2"]
     for env in deltas:
         assert env["candidateStep"]["id"] == "price_estimation"
@@ -435,7 +436,7 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     for event_type in ("candidate_step_started", "candidate_step_completed", "candidate_completed"):
         assert [e["candidate"]["id"] for e in of_type(envs, event_type)] == ["c1", "c2"]
     assert any(
-        "pipelineBatch" in iac(f) and {e["scope"] for e in iac(f)["pipelineBatch"]["events"]} == {"candidate"}
+        "pipelineBatch" in iac(f) and {e["scope"] for e in iac(f)["pipelineBatch"]["events"]} == {"candidate_step"}
         for f in got[1:]
     )
     # confirm_and_select waits for a candidate_selection.
@@ -491,7 +492,7 @@ def _perm_wait(kernel: ScriptedKernel) -> tuple[list[dict[str, Any]], str, str, 
     batch = iac(last)["pipelineBatch"]["events"]
     assert types(batch) == ["permission_requested", "permission_requested"]
     assert [e["candidate"]["id"] for e in batch] == ["c1", "c2"]
-    assert all(e["status"] == "input_required" and e["scope"] == "candidate" for e in batch)
+    assert all(e["status"] == "input_required" and e["scope"] == "candidate_step" for e in batch)
     return got, task_id, ctx, pending
 
 
@@ -520,7 +521,7 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
             "scope",
             "subPipelineId",
         } == set(env)
-        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate", f"sub-{cid}")
+        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate_step", f"sub-{cid}")
         assert (env["requestTaskId"], env["contextId"], env["schemaVersion"]) == (task_id, ctx, 1.0)
         assert re.fullmatch(r"permission-[0-9a-f]{32}", env["inputId"])
         assert [o["id"] for o in env["options"]] == ["allow_once", "deny"]
@@ -602,7 +603,7 @@ def test_pipe_perms_streaming_answers(kernel: ScriptedKernel) -> None:
     assert iac(two[0])["inputReceived"]["inputId"] == pending[1]["inputId"]
     assert iac(two[0])["pipeline"]["eventType"] == "permission_resolved"
     envs = live(two)
-    candidate_results = [e for e in of_type(envs, "tool_result") if e["scope"] == "candidate"]
+    candidate_results = [e for e in of_type(envs, "tool_result") if e["scope"] == "candidate_step"]
     assert [e["candidate"]["id"] for e in candidate_results] == ["c1", "c2"]
     assert not any(e["data"]["isError"] for e in candidate_results)
     assert state(two[-1]) == "TASK_STATE_COMPLETED"
