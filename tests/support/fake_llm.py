@@ -19,6 +19,8 @@ kernel sends, using markers in the latest user message:
                 ``[PIPE-FAIL-AT:<step>]`` HTTP 400 in that step; ``[PIPE-WRITE]`` a ``write_file``
                 of the template in each candidate's template step; ``[PIPE-SLOW]`` the
                 architecture step streams one chunk per ``slow_interval``.
+(judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
+                ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
                 408/409/429, and neither does the OpenAI SDK, so the turn fails at once.
 ``[WRITE]``     a streamed ``write_file`` tool call (path ``hello.txt``); the kernel asks for
@@ -174,6 +176,8 @@ class Script:
         names = set(tool_names(body))
         after_tool = last.get("role") == "tool"
 
+        if JUDGE_MARK in prompt_text(messages):
+            return self._judge(last_user)
         if "complete_step" in names and is_selling(prompt_text(messages)):
             return self._pipe_sell(messages, conclusion_schema(body))
         if any("[PIPE-ASK]" in t for t in user_texts) and {"ask_user_question", "complete_step"} <= names:
@@ -210,6 +214,19 @@ class Script:
         if "[IMAGE]" in last_user:
             return Reply("image", _text_deltas([f"I see {count_images(messages)} image(s)."]))
         return Reply("default", _text_deltas(DEFAULT_TEXT))
+
+    def _judge(self, last_user: str) -> Reply:
+        """The kernel's interrupt judge (guidance sent into a running pipeline): a JSON verdict."""
+        action = "supplement" if "[GUIDE-SUPPLEMENT]" in last_user else "continue"
+        verdict = {
+            "action": action,
+            "reason": f"scripted fake LLM verdict: {action}",
+            "rollback_target": None,
+            "rollback_context": None,
+            "candidate_scope": None,
+            "supplement_target": None,
+        }
+        return Reply(f"judge-{action}", _text_deltas([json.dumps(verdict)]))
 
     def _pipe_sell(self, messages: list[dict[str, Any]], schema: dict[str, Any]) -> Reply:
         """One step of the real ``selling`` pipeline, recognised by the skill in its system prompt.
@@ -426,6 +443,8 @@ def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: di
     return None
 
 
+# the system prompt of the kernel's interrupt judge (iac_code/pipeline/engine/prompts/interrupt_judge.md)
+JUDGE_MARK = "pipeline 中断判断器"
 SELL_SKILLS = {
     "iac-aliyun-intent": "intent_parsing",
     "iac-aliyun-architecture": "architecture_planning",
