@@ -442,8 +442,10 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     # confirm_and_select waits for a candidate_selection.
     wait = iac(got[-1])["input"]
     assert state(got[-1]) == "TASK_STATE_INPUT_REQUIRED"
-    assert wait["kind"] == "candidate_selection" and wait["allowFreeText"] is False
-    assert [o["id"] for o in wait["options"]] == ["c1", "c2"]
+    # as the real kernel (tests/data/a2a-selling/01): no tool call, no free-text flag, index ids
+    assert wait["kind"] == "candidate_selection" and "allowFreeText" not in wait and "toolUseId" not in wait
+    assert re.fullmatch(r"input-evt-[0-9a-f]{32}", wait["inputId"])
+    assert [o["id"] for o in wait["options"]] == ["0", "1"]
     assert [o["label"] for o in wait["options"]] == ["Plan A", "Plan B"]
     if rich:
         for option in wait["options"]:
@@ -456,7 +458,9 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     picked = answer(kernel, ctx, task_id, "Plan B")
     picked_envs = live(picked)
     assert picked_envs[0]["eventType"] == "input_received"
-    assert (picked_envs[0]["data"]["selectedId"], picked_envs[0]["data"]["kind"]) == ("c2", "candidate_selection")
+    received = picked_envs[0]["data"]
+    assert received["kind"] == "candidate_selection"
+    assert (received["selectedIndex"], received["selectedValue"]) == (1, "Plan B")
     assert of_type(picked_envs, "candidate_selected")[0]["data"] == {"candidateId": "c2", "label": "Plan B"}
     # deploying waits for a deployment_confirmation.
     confirm = iac(picked[-1])["input"]
