@@ -318,3 +318,21 @@ def test_candidate_step_permission_is_an_interrupt(client: Client, ws: Path, rea
         assert ended, "the adapter did not end the run with the candidates' permission interrupts"
     finally:
         run.close()
+
+
+def test_ros_deploy_without_cloud_credentials_fails_the_pipeline_before_any_permission(
+    client: Client, ws: Path, real_kernel: RealKernel, tag: str
+) -> None:
+    body = sell_body(f"[PIPE-SELL] [PIPE-DEPLOY] a small website {tag}", ws)
+    selection = only_interrupt(client.run(body))
+    result = client.run(answer(body, selection, {"selectedId": "1"}))
+    # before asking permission for a cloud-writing tool the kernel resolves the caller through STS
+    # GetCallerIdentity (iac_code/services/permission_wait.py); without credentials the task fails
+    assert result.terminal["type"] == "RUN_ERROR" and result.terminal["code"] == "A2A_EXECUTION_FAILED"
+    assert "cloud_credentials_unavailable" in result.terminal["message"]
+    assert step_names(result, "STEP_STARTED") == ["confirm_and_select", "deploying"]
+    assert [e["toolCallName"] for e in result.of("TOOL_CALL_START")][-1] == "ros_deploy"
+    assert not any(r["behaviour"] == "sell-deploying" for r in llm_log(real_kernel, tag))  # no conclusion
+    task_id = session_value(result)["taskId"]
+    assert get_task(real_kernel, task_id)["status"]["state"] == "TASK_STATE_FAILED"
+    assert "permission_requested" not in [e["eventType"] for e in journal(real_kernel, task_id)]

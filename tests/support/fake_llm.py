@@ -18,7 +18,9 @@ kernel sends, using markers in the latest user message:
                 The markers travel on in the conclusions, since each step is a new conversation.
                 ``[PIPE-FAIL-AT:<step>]`` HTTP 400 in that step; ``[PIPE-WRITE]`` a ``write_file``
                 of the template in each candidate's template step; ``[PIPE-SLOW]`` the
-                architecture step streams one chunk per ``slow_interval``.
+                architecture step streams one chunk per ``slow_interval``; ``[PIPE-DEPLOY]``
+                deploying first calls ``ros_deploy`` (create, remote template URL: a permission
+                is asked before any cloud call) and concludes ``failed`` with its result.
 (judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
                 ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
@@ -255,6 +257,9 @@ class Script:
             arguments = {"path": candidate["output_path"], "content": SELL_TEMPLATE}
             deltas += _tool_call_deltas(self._call_id("write"), "write_file", arguments)
             return Reply("sell-template-write", deltas, finish_reason="tool_calls")
+        if step == "deploying" and "[PIPE-DEPLOY]" in everything and "ros_deploy" not in calls:
+            deltas += _tool_call_deltas(self._call_id("deploy"), "ros_deploy", dict(SELL_DEPLOY_INPUT))
+            return Reply("sell-deploying-ros-deploy", deltas, finish_reason="tool_calls")
         if step == "deploying" and "complete_step" in calls:
             # deploying is not ended by complete_step (complete_step_terminal: false): a text ends it
             return Reply("sell-deploying-done", _text_deltas(["Deployment step finished."]))
@@ -337,6 +342,13 @@ SELL_COSTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("¥8.00/月", (("ALIYUN::OSS::Bucket", "¥8.00/月"),)),
 )
 SELL_DEPLOY_ERROR = "scripted fake LLM: no cloud account in this test"
+# [PIPE-DEPLOY]: a remote template URL, so the kernel asks permission before any cloud call
+SELL_DEPLOY_INPUT = {
+    "action": "create",
+    "stack_name": "fake-sell-stack",
+    "template_url": "https://templates.example.invalid/static-site.yml",
+    "parameters": {},
+}
 
 
 def _assistant_calls(messages: list[dict[str, Any]]) -> list[str]:
@@ -439,6 +451,9 @@ def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: di
                 )
         return {"user_prompt": "Which plan should be deployed?", "options": options}
     if step == "deploying":
+        last = messages[-1] if messages else {}
+        if last.get("role") == "tool":  # after ros_deploy: report what the tool answered
+            return {"status": "failed", "error": f"ros_deploy: {message_text(last)[:160]}"}
         return {"status": "failed", "error": SELL_DEPLOY_ERROR}
     return None
 
