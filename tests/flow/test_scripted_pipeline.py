@@ -541,21 +541,40 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
         )
     )
     assert (error["code"], error["message"]) == (-32602, PERMISSION_NOT_ACTIVE)
-    # First answer (the second wait): acknowledged, the other wait remains.
-    first = rpc(
+    # First answer (the second wait): acknowledged, the other wait remains. As the real kernel
+    # (tests/data/a2a-selling/README.md), the unary answer returns a permission_ack agent Message.
+    ack = rpc(
         kernel,
         "SendMessage",
         message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "allow_once")),
-    ).json()["result"]["task"]
+    ).json()["result"]["message"]
+    assert (ack["role"], ack["taskId"], ack["contextId"]) == ("ROLE_AGENT", task_id, ctx)
+    assert re.fullmatch(r"permission-ack-[0-9a-f]{32}", ack["messageId"])
+    assert ack["parts"] == [
+        {
+            "data": {
+                "kind": "permission_ack",
+                "decision": "allow_once",
+                "schemaVersion": 1.0,
+                "inputId": pending[1]["inputId"],
+                "accepted": True,
+                "toolUseId": pending[1]["toolUseId"],
+            },
+            "mediaType": "application/json",
+        }
+    ]
+    first = get_task(kernel, task_id)
     assert first["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
     assert first["metadata"]["iac_code"]["pendingPermissions"] == [pending[0]]
     assert first["metadata"]["iac_code"]["input"] == pending[0]
     # Second answer: acknowledged at once, the pipeline continues.
-    second = rpc(
+    second_ack = rpc(
         kernel,
         "SendMessage",
         message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[0], "deny")),
-    ).json()["result"]["task"]
+    ).json()["result"]["message"]
+    assert second_ack["parts"][0]["data"]["decision"] == "deny"
+    second = get_task(kernel, task_id)
     assert second["id"] == task_id and second["status"]["state"] == "TASK_STATE_WORKING"
     assert "pendingPermissions" not in second["metadata"]["iac_code"]
     sub = open_stream(rpc(kernel, "SubscribeToTask", {"id": task_id}, rid="req-sub", stream=True))
