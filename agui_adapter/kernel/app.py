@@ -17,6 +17,7 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
+from agui_adapter.kernel.messages import permission_ack, permission_answer
 from agui_adapter.kernel.submissions import Submissions
 from agui_adapter.kernel.tasks import KernelState, Task
 from agui_adapter.kernel.wire import (
@@ -266,6 +267,12 @@ class ScriptedKernelApp:
         return self._sse_response(task, subscriber, rid)
 
     def _m_send(self, rid: Any, params: dict[str, Any]) -> dict[str, Any]:
+        message = params.get("message")
+        parts = message.get("parts") if isinstance(message, dict) else None
+        well_formed = isinstance(parts, list) and all(isinstance(p, dict) for p in parts)
+        answer = permission_answer(parts) if well_formed else None
+        with self.state.lock:
+            sideband = answer is not None and answer["requestTaskId"] in self.state.pipelines
         task, subscriber = self.submissions.submit(params, unary=True)
         try:
             # Until the turn ends, or until a resumed pipeline acknowledged the answer.
@@ -273,6 +280,9 @@ class ScriptedKernelApp:
                 pass
         finally:
             self.state.unsubscribe(task, subscriber)
+        if sideband:
+            assert answer is not None
+            return {"message": permission_ack(task, answer)}
         with self.state.lock:
             return {"task": self.state.snapshot_locked(task)}
 

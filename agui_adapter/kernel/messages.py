@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import re
+import uuid
 from typing import Any
 
 from agui_adapter.kernel.journal import PIPELINE_NAMES
@@ -148,3 +149,22 @@ def pipeline_name(iac: dict[str, Any]) -> str | None:
     if not isinstance(name, str) or name not in PIPELINE_NAMES:
         raise invalid_params(f"Unknown pipeline_name: {name}")
     return name
+
+
+def permission_ack(task: Any, answer: dict[str, Any]) -> dict[str, Any]:
+    """The agent Message a unary answer to a pipeline permission returns (tests/data/a2a-selling)."""
+    data = {
+        "kind": "permission_ack",
+        "decision": answer["decision"],
+        "schemaVersion": 1.0,
+        "inputId": answer["inputId"],
+        "accepted": True,
+        "toolUseId": answer["toolUseId"],
+    }
+    return {
+        "messageId": "permission-ack-" + uuid.uuid4().hex,
+        "contextId": task.context_id,
+        "taskId": task.id,
+        "role": "ROLE_AGENT",
+        "parts": [{"data": data, "mediaType": "application/json"}],
+    }

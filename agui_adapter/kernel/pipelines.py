@@ -62,7 +62,6 @@ class _Question:
 
 
 _ASK = _Question("ask_user_question", "ask_user_question", "ask", ASK_PROMPT, True, ASK_OPTIONS)
-_SELECT = _Question("candidate_selection", "select_candidate", "select", SELECT_PROMPT, False)  # options: candidates
 _CONFIRM = _Question("deployment_confirmation", "confirm_deployment", "confirm", CONFIRM_PROMPT, False, CONFIRM_OPTIONS)
 
 
@@ -182,12 +181,15 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             yield from _pipe_candidates(p, step)
             conclusion["candidateIds"] = [c["id"] for c in CANDIDATES]
         elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
+            # as the real kernel: the options' ids are the candidates' indexes ("0", "1")
             options = [
-                dict(c) if pipe.rich else {"id": c["id"], "label": c["label"]} for c in copy.deepcopy(CANDIDATES)
+                dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]}
+                for i, c in enumerate(copy.deepcopy(CANDIDATES))
             ]
-            option, _ = yield from _pipe_question(p, step, _SELECT, options)
-            p.emit("candidate_selected", {"candidateId": option["id"], "label": option["label"]}, step=step)
-            conclusion["candidateId"] = option["id"]
+            option = yield from _pipe_selection(p, step, options)
+            chosen = CANDIDATES[int(option["id"])]
+            p.emit("candidate_selected", {"candidateId": chosen["id"], "label": chosen["label"]}, step=step)
+            conclusion["candidateId"] = chosen["id"]
             asked = True
         elif name == "deploying" and "PIPE-CANDIDATES" in flags:
             option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
@@ -291,6 +293,48 @@ def _pipe_question(
     return answer["option"], answer["text"]
 
 
+def _pipe_selection(p: PipeRun, step: dict[str, Any], options: list[dict[str, Any]]) -> Generator[Any, Any, Any]:
+    """The candidate_selection wait as the real kernel raises it (tests/data/a2a-selling/01, 02).
+
+    No tool call: ``input_required`` (data ``stepId, prompt, kind, options``) whose input has an
+    ``input-evt-<hex>`` id and no ``toolUseId`` or ``allowFreeText``; the answer (the label or the
+    id) gets ``input_received`` with ``selectedValue, selectedIndex, selectedOption,
+    userInputLength``. Returns the chosen option.
+    """
+    pipe = p.pipe
+    input_id = "input-evt-" + random_hex(32)
+    data = {"stepId": step["id"], "prompt": SELECT_PROMPT, "kind": "candidate_selection", "options": options}
+    envelope = p.event(
+        "input_required", data, status="input_required", step=step, input_=dict(data, inputId=input_id, required=True)
+    )
+    unified = as_struct(
+        {
+            "schemaVersion": 1,
+            "kind": "candidate_selection",
+            "required": True,
+            "requestTaskId": pipe.task_id,
+            "contextId": pipe.context_id,
+            "inputId": input_id,
+            "prompt": SELECT_PROMPT,
+            "options": options,
+        }
+    )
+    answer = yield [envelope], [Pending("candidate_selection", input_id, "", unified)]
+    option = answer["option"]
+    p.emit(
+        "input_received",
+        {
+            "kind": "candidate_selection",
+            "selectedValue": answer["text"],
+            "selectedIndex": int(option["id"]),
+            "selectedOption": option,
+            "userInputLength": len(answer["text"]),
+        },
+        step=step,
+    )
+    return option
+
+
 def _pipe_resource(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict[str, Any]]:
     """A cloud_resource_selection wait (answered through ``iac_code.inputResponse``)."""
     selector = copy.deepcopy(RESOURCE_SELECTOR)
@@ -353,7 +397,7 @@ def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, No
                 "prompt": "Query cloud prices Allow once?",
                 "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
                 "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-                "scope": "candidate",
+                "scope": "candidate_step",
                 "subPipelineId": f"sub-{cid}",
             }
             wait = Pending.for_permission(

@@ -237,7 +237,10 @@ class KernelState:
         """Create one pipeline envelope, journal it and project it into the snapshot."""
         pipe.seq = self.pipeline_sequences.get(pipe.context_id, 0) + 1
         self.pipeline_sequences[pipe.context_id] = pipe.seq
-        scope = "candidate" if candidate is not None else "step" if step is not None else "pipeline"
+        if candidate_step is not None:
+            scope = "candidate_step"  # events inside a candidate's step (observed on the real kernel)
+        else:
+            scope = "candidate" if candidate is not None else "step" if step is not None else "pipeline"
         envelope: dict[str, Any] = {
             "schemaVersion": "1.0",
             "extensionUri": PIPELINE_EXTENSION_URI,

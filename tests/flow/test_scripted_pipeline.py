@@ -427,7 +427,8 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
         assert env["scope"] == "candidate" and env["step"]["id"] == "evaluate_candidates"
         cid = env["candidate"]["id"]
         assert env["candidate"] == {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"}
-    deltas = [e for e in of_type(envs, "text_delta") if e["scope"] == "candidate"]
+    # inside a candidate's step the real kernel's scope is "candidate_step" (tests/data/a2a-selling/01)
+    deltas = [e for e in of_type(envs, "text_delta") if e["scope"] == "candidate_step"]
     assert [e["candidate"]["id"] for e in deltas] == ["c1", "c2", "c1", "c2"]
     for env in deltas:
         assert env["candidateStep"]["id"] == "price_estimation"
@@ -435,14 +436,16 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     for event_type in ("candidate_step_started", "candidate_step_completed", "candidate_completed"):
         assert [e["candidate"]["id"] for e in of_type(envs, event_type)] == ["c1", "c2"]
     assert any(
-        "pipelineBatch" in iac(f) and {e["scope"] for e in iac(f)["pipelineBatch"]["events"]} == {"candidate"}
+        "pipelineBatch" in iac(f) and {e["scope"] for e in iac(f)["pipelineBatch"]["events"]} == {"candidate_step"}
         for f in got[1:]
     )
     # confirm_and_select waits for a candidate_selection.
     wait = iac(got[-1])["input"]
     assert state(got[-1]) == "TASK_STATE_INPUT_REQUIRED"
-    assert wait["kind"] == "candidate_selection" and wait["allowFreeText"] is False
-    assert [o["id"] for o in wait["options"]] == ["c1", "c2"]
+    # as the real kernel (tests/data/a2a-selling/01): no tool call, no free-text flag, index ids
+    assert wait["kind"] == "candidate_selection" and "allowFreeText" not in wait and "toolUseId" not in wait
+    assert re.fullmatch(r"input-evt-[0-9a-f]{32}", wait["inputId"])
+    assert [o["id"] for o in wait["options"]] == ["0", "1"]
     assert [o["label"] for o in wait["options"]] == ["Plan A", "Plan B"]
     if rich:
         for option in wait["options"]:
@@ -455,7 +458,9 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     picked = answer(kernel, ctx, task_id, "Plan B")
     picked_envs = live(picked)
     assert picked_envs[0]["eventType"] == "input_received"
-    assert (picked_envs[0]["data"]["selectedId"], picked_envs[0]["data"]["kind"]) == ("c2", "candidate_selection")
+    received = picked_envs[0]["data"]
+    assert received["kind"] == "candidate_selection"
+    assert (received["selectedIndex"], received["selectedValue"]) == (1, "Plan B")
     assert of_type(picked_envs, "candidate_selected")[0]["data"] == {"candidateId": "c2", "label": "Plan B"}
     # deploying waits for a deployment_confirmation.
     confirm = iac(picked[-1])["input"]
@@ -491,7 +496,7 @@ def _perm_wait(kernel: ScriptedKernel) -> tuple[list[dict[str, Any]], str, str, 
     batch = iac(last)["pipelineBatch"]["events"]
     assert types(batch) == ["permission_requested", "permission_requested"]
     assert [e["candidate"]["id"] for e in batch] == ["c1", "c2"]
-    assert all(e["status"] == "input_required" and e["scope"] == "candidate" for e in batch)
+    assert all(e["status"] == "input_required" and e["scope"] == "candidate_step" for e in batch)
     return got, task_id, ctx, pending
 
 
@@ -520,7 +525,7 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
             "scope",
             "subPipelineId",
         } == set(env)
-        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate", f"sub-{cid}")
+        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate_step", f"sub-{cid}")
         assert (env["requestTaskId"], env["contextId"], env["schemaVersion"]) == (task_id, ctx, 1.0)
         assert re.fullmatch(r"permission-[0-9a-f]{32}", env["inputId"])
         assert [o["id"] for o in env["options"]] == ["allow_once", "deny"]
@@ -536,21 +541,40 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
         )
     )
     assert (error["code"], error["message"]) == (-32602, PERMISSION_NOT_ACTIVE)
-    # First answer (the second wait): acknowledged, the other wait remains.
-    first = rpc(
+    # First answer (the second wait): acknowledged, the other wait remains. As the real kernel
+    # (tests/data/a2a-selling/README.md), the unary answer returns a permission_ack agent Message.
+    ack = rpc(
         kernel,
         "SendMessage",
         message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "allow_once")),
-    ).json()["result"]["task"]
+    ).json()["result"]["message"]
+    assert (ack["role"], ack["taskId"], ack["contextId"]) == ("ROLE_AGENT", task_id, ctx)
+    assert re.fullmatch(r"permission-ack-[0-9a-f]{32}", ack["messageId"])
+    assert ack["parts"] == [
+        {
+            "data": {
+                "kind": "permission_ack",
+                "decision": "allow_once",
+                "schemaVersion": 1.0,
+                "inputId": pending[1]["inputId"],
+                "accepted": True,
+                "toolUseId": pending[1]["toolUseId"],
+            },
+            "mediaType": "application/json",
+        }
+    ]
+    first = get_task(kernel, task_id)
     assert first["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
     assert first["metadata"]["iac_code"]["pendingPermissions"] == [pending[0]]
     assert first["metadata"]["iac_code"]["input"] == pending[0]
     # Second answer: acknowledged at once, the pipeline continues.
-    second = rpc(
+    second_ack = rpc(
         kernel,
         "SendMessage",
         message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[0], "deny")),
-    ).json()["result"]["task"]
+    ).json()["result"]["message"]
+    assert second_ack["parts"][0]["data"]["decision"] == "deny"
+    second = get_task(kernel, task_id)
     assert second["id"] == task_id and second["status"]["state"] == "TASK_STATE_WORKING"
     assert "pendingPermissions" not in second["metadata"]["iac_code"]
     sub = open_stream(rpc(kernel, "SubscribeToTask", {"id": task_id}, rid="req-sub", stream=True))
@@ -602,7 +626,7 @@ def test_pipe_perms_streaming_answers(kernel: ScriptedKernel) -> None:
     assert iac(two[0])["inputReceived"]["inputId"] == pending[1]["inputId"]
     assert iac(two[0])["pipeline"]["eventType"] == "permission_resolved"
     envs = live(two)
-    candidate_results = [e for e in of_type(envs, "tool_result") if e["scope"] == "candidate"]
+    candidate_results = [e for e in of_type(envs, "tool_result") if e["scope"] == "candidate_step"]
     assert [e["candidate"]["id"] for e in candidate_results] == ["c1", "c2"]
     assert not any(e["data"]["isError"] for e in candidate_results)
     assert state(two[-1]) == "TASK_STATE_COMPLETED"

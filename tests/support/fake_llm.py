@@ -8,6 +8,21 @@ kernel sends, using markers in the latest user message:
                 ``ask_user_question`` with the options cn-hangzhou / cn-shanghai; once that
                 question has been answered, ``complete_step``.
 (tool result)   when the last message is a tool result: "Tool finished. Result: <result>".
+``[PIPE-SELL]`` (pipeline turn of the real ``selling`` pipeline) every step is played, recognised
+                by the skill named in its system prompt (:func:`pipeline_step`): intent (with
+                ``[PIPE-ASK]`` first the region question), architecture (two candidates), per
+                candidate template and cost (no cloud tool: ``preview_validation.succeeded``
+                false), the candidate selection (options, then the ``selected_*`` fields once the
+                user chose, following the offered ``complete_step`` schema, ``rich-v1`` or not)
+                and deploying (``status: failed``, no cloud account; then a closing text).
+                The markers travel on in the conclusions, since each step is a new conversation.
+                ``[PIPE-FAIL-AT:<step>]`` HTTP 400 in that step; ``[PIPE-WRITE]`` a ``write_file``
+                of the template in each candidate's template step; ``[PIPE-SLOW]`` the
+                architecture step streams one chunk per ``slow_interval``; ``[PIPE-DEPLOY]``
+                deploying first calls ``ros_deploy`` (create, remote template URL: a permission
+                is asked before any cloud call) and concludes ``failed`` with its result.
+(judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
+                ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
                 408/409/429, and neither does the OpenAI SDK, so the turn fails at once.
 ``[WRITE]``     a streamed ``write_file`` tool call (path ``hello.txt``); the kernel asks for
@@ -34,6 +49,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -162,6 +178,10 @@ class Script:
         names = set(tool_names(body))
         after_tool = last.get("role") == "tool"
 
+        if JUDGE_MARK in prompt_text(messages):
+            return self._judge(last_user)
+        if "complete_step" in names and is_selling(prompt_text(messages)):
+            return self._pipe_sell(messages, conclusion_schema(body))
         if any("[PIPE-ASK]" in t for t in user_texts) and {"ask_user_question", "complete_step"} <= names:
             return self._pipe_ask(messages)
         if after_tool:
@@ -197,6 +217,60 @@ class Script:
             return Reply("image", _text_deltas([f"I see {count_images(messages)} image(s)."]))
         return Reply("default", _text_deltas(DEFAULT_TEXT))
 
+    def _judge(self, last_user: str) -> Reply:
+        """The kernel's interrupt judge (guidance sent into a running pipeline): a JSON verdict."""
+        action = "supplement" if "[GUIDE-SUPPLEMENT]" in last_user else "continue"
+        verdict = {
+            "action": action,
+            "reason": f"scripted fake LLM verdict: {action}",
+            "rollback_target": None,
+            "rollback_context": None,
+            "candidate_scope": None,
+            "supplement_target": None,
+        }
+        return Reply(f"judge-{action}", _text_deltas([json.dumps(verdict)]))
+
+    def _pipe_sell(self, messages: list[dict[str, Any]], schema: dict[str, Any]) -> Reply:
+        """One step of the real ``selling`` pipeline, recognised by the skill in its system prompt.
+
+        Each step is a new conversation that sees only the earlier conclusions, so the
+        ``[PIPE-...]`` markers of the user's request travel on in the conclusions (intent summary,
+        candidate topology) and are read back from the whole prompt.
+        """
+        step = pipeline_step(messages)
+        everything = prompt_text(messages)
+        if step is not None and f"[PIPE-FAIL-AT:{step}]" in everything:
+            return Reply(f"sell-{step}-fail", error_status=FAIL_STATUS, error_body=FAIL_BODY)
+        calls = _assistant_calls(messages)
+        deltas = _text_deltas([f"Working on {step or 'the step'}."])
+        if step == "intent_parsing" and "[PIPE-ASK]" in everything and "ask_user_question" not in calls:
+            arguments: dict[str, Any] = {
+                "question": ASK_QUESTION,
+                "options": [dict(o) for o in ASK_OPTIONS],
+                "allow_free_text": True,
+            }
+            deltas += _tool_call_deltas(self._call_id("ask"), "ask_user_question", arguments)
+            return Reply("sell-intent-ask", deltas, finish_reason="tool_calls")
+        if step == "template_generating" and "[PIPE-WRITE]" in everything and "write_file" not in calls:
+            index = _candidate_index(messages)
+            candidate = SELL_CANDIDATES[index]
+            arguments = {"path": candidate["output_path"], "content": SELL_TEMPLATE}
+            deltas += _tool_call_deltas(self._call_id("write"), "write_file", arguments)
+            return Reply("sell-template-write", deltas, finish_reason="tool_calls")
+        if step == "deploying" and "[PIPE-DEPLOY]" in everything and "ros_deploy" not in calls:
+            deltas += _tool_call_deltas(self._call_id("deploy"), "ros_deploy", dict(SELL_DEPLOY_INPUT))
+            return Reply("sell-deploying-ros-deploy", deltas, finish_reason="tool_calls")
+        if step == "deploying" and "complete_step" in calls:
+            # deploying is not ended by complete_step (complete_step_terminal: false): a text ends it
+            return Reply("sell-deploying-done", _text_deltas(["Deployment step finished."]))
+        conclusion = sell_conclusion(step, messages, schema)
+        if conclusion is None:
+            return Reply(f"sell-{step}-text", _text_deltas(["Nothing to do in this step."]))
+        deltas += _tool_call_deltas(self._call_id("complete"), "complete_step", {"conclusion": conclusion})
+        # [PIPE-SLOW]: architecture_planning takes slow_interval per chunk (a window to act in)
+        delay = self.slow_interval if "[PIPE-SLOW]" in everything and step == "architecture_planning" else 0.0
+        return Reply(f"sell-{step}", deltas, finish_reason="tool_calls", delay=delay)
+
     def _pipe_ask(self, messages: list[dict[str, Any]]) -> Reply:
         asked = any(
             (call.get("function") or {}).get("name") == "ask_user_question"
@@ -223,6 +297,203 @@ class Script:
         }
         deltas += _tool_call_deltas(self._call_id("complete"), "complete_step", {"conclusion": conclusion})
         return Reply("pipe-complete", deltas, finish_reason="tool_calls")
+
+
+SELL_TEMPLATE = """ROSTemplateFormatVersion: '2015-09-01'
+Description: scripted fake LLM template
+Parameters:
+  ZoneId:
+    Type: String
+    Default: cn-hangzhou-k
+Resources:
+  Vpc:
+    Type: ALIYUN::ECS::VPC
+    Properties:
+      CidrBlock: 192.168.0.0/16
+Outputs:
+  VpcId:
+    Value:
+      Fn::GetAtt: [Vpc, VpcId]
+"""
+SELL_CANDIDATES: tuple[dict[str, Any], ...] = (
+    {
+        "name": "ECS behind SLB",
+        "output_path": "templates/1-ecs-behind-slb.yml",
+        "products": ["ECS", "SLB", "VPC"],
+        "hard_constraints": [],
+        "topology": "user -> SLB -> ECS in a VPC",
+        "monthly_estimate": "about 40 CNY",
+        "pros": ["simple"],
+        "cons": ["one instance"],
+    },
+    {
+        "name": "Static site on OSS",
+        "output_path": "templates/2-static-site-on-oss.yml",
+        "products": ["OSS"],
+        "hard_constraints": [],
+        "topology": "user -> OSS",
+        "monthly_estimate": "about 5 CNY",
+        "pros": ["cheap"],
+        "cons": ["static only"],
+    },
+)
+SELL_COSTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("¥42.50/月", (("ALIYUN::ECS::Instance", "¥30.00/月"), ("ALIYUN::SLB::LoadBalancer", "¥12.50/月"))),
+    ("¥8.00/月", (("ALIYUN::OSS::Bucket", "¥8.00/月"),)),
+)
+SELL_DEPLOY_ERROR = "scripted fake LLM: no cloud account in this test"
+# [PIPE-DEPLOY]: a remote template URL, so the kernel asks permission before any cloud call
+SELL_DEPLOY_INPUT = {
+    "action": "create",
+    "stack_name": "fake-sell-stack",
+    "template_url": "https://templates.example.invalid/static-site.yml",
+    "parameters": {},
+}
+
+
+def _assistant_calls(messages: list[dict[str, Any]]) -> list[str]:
+    """Names of the tools the assistant already called in this conversation, in order."""
+    return [
+        str((call.get("function") or {}).get("name"))
+        for m in messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+        if isinstance(call, dict)
+    ]
+
+
+def _candidate_index(messages: list[dict[str, Any]]) -> int:
+    """Which of :data:`SELL_CANDIDATES` a candidate-scope request is about (by name in the prompt)."""
+    text = " ".join(message_text(m) for m in messages if m.get("role") in {"system", "user"})
+    return 1 if SELL_CANDIDATES[1]["name"] in text and SELL_CANDIDATES[0]["name"] not in text else 0
+
+
+def _chosen_index(messages: list[dict[str, Any]]) -> int:
+    """The candidate the user chose, from the last user message (its name or ``"selected...": N``)."""
+    user_texts = [message_text(m) for m in messages if m.get("role") == "user"]
+    last = user_texts[-1] if user_texts else ""
+    for index, candidate in enumerate(SELL_CANDIDATES):
+        if candidate["name"] in last:
+            return index
+    found = re.search(r"selected[a-z_]*index\D+(\d+)", last)
+    return int(found.group(1)) if found and int(found.group(1)) < len(SELL_CANDIDATES) else 0
+
+
+def conclusion_schema(body: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of ``complete_step``'s ``conclusion`` argument in a request ({} if none)."""
+    for tool in body.get("tools") or []:
+        function = tool.get("function") or {} if isinstance(tool, dict) else {}
+        if function.get("name") == "complete_step":
+            properties = (function.get("parameters") or {}).get("properties") or {}
+            return dict(properties.get("conclusion") or {})
+    return {}
+
+
+def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``complete_step`` conclusion the fake LLM submits for a step of the selling pipeline.
+
+    ``confirm_and_select`` follows the schema the kernel offers: before the choice it asks for
+    ``options`` (with the ``rich-v1`` diagram and cost fields only on that surface; the plain
+    surface refuses them), after the choice only for the ``selected_*`` fields.
+    """
+    if step == "intent_parsing":
+        return {
+            "is_infra_intent": True,
+            "confidence": "high",
+            "user_message_summary": f"a small website on Alibaba Cloud {markers(prompt_text(messages))}",
+            "cloud_platform": "aliyun",
+            "business_type": "website",
+            "core_requirements": ["host a small website"],
+            "hard_constraints": [],
+        }
+    if step == "architecture_planning":
+        carried = markers(prompt_text(messages))
+        return {"candidates": [dict(c, topology=f"{c['topology']} {carried}") for c in SELL_CANDIDATES]}
+    if step == "template_generating":
+        candidate = SELL_CANDIDATES[_candidate_index(messages)]
+        return {
+            "template": SELL_TEMPLATE,
+            "file_path": candidate["output_path"],
+            "region": "cn-hangzhou",
+            "description": f"template for {candidate['name']}",
+        }
+    if step == "cost_estimating":
+        total, items = SELL_COSTS[_candidate_index(messages)]
+        return {
+            "monthly_estimate": total,
+            "currency": "CNY",
+            "resources": [{"type": kind, "cost": cost} for kind, cost in items],
+            "template_fixed": False,
+            "deployment_parameters": {},
+            "hard_constraint_checks": [],
+            "preview_validation": {"succeeded": False, "error": "no cloud account in this test"},
+        }
+    if step == "confirm_and_select":
+        wanted = schema.get("properties") or {}
+        if "options" not in wanted:
+            chosen = _chosen_index(messages)
+            return {
+                "selected_candidate_name": SELL_CANDIDATES[chosen]["name"],
+                "selected_candidate_index": chosen,
+                "selected_evaluated_candidate_index": chosen,
+            }
+        rich = "architecture_diagram" in json.dumps(wanted)
+        options: list[dict[str, Any]] = [
+            {"name": c["name"], "summary": f"{c['topology']}.", "candidate_index": i}
+            for i, c in enumerate(SELL_CANDIDATES)
+        ]
+        if rich:
+            for i, option in enumerate(options):
+                option.update(
+                    architecture_diagram="flowchart LR\n  user --> site",
+                    total_monthly_cost=SELL_COSTS[i][0],
+                    cost_items=[{"name": kind, "monthly_cost": cost} for kind, cost in SELL_COSTS[i][1]],
+                )
+        return {"user_prompt": "Which plan should be deployed?", "options": options}
+    if step == "deploying":
+        last = messages[-1] if messages else {}
+        if last.get("role") == "tool":  # after ros_deploy: report what the tool answered
+            return {"status": "failed", "error": f"ros_deploy: {message_text(last)[:160]}"}
+        return {"status": "failed", "error": SELL_DEPLOY_ERROR}
+    return None
+
+
+# the system prompt of the kernel's interrupt judge (iac_code/pipeline/engine/prompts/interrupt_judge.md)
+JUDGE_MARK = "pipeline 中断判断器"
+SELL_SKILLS = {
+    "iac-aliyun-intent": "intent_parsing",
+    "iac-aliyun-architecture": "architecture_planning",
+    "iac-aliyun-template-generating": "template_generating",
+    "iac-aliyun-review": "reviewing",
+    "iac-aliyun-cost": "cost_estimating",
+    "iac-aliyun-deploying": "deploying",
+}
+
+
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The system and user text of a request (where a pipeline step sees earlier conclusions)."""
+    return " ".join(message_text(m) for m in messages if m.get("role") in {"system", "user"})
+
+
+def is_selling(text: str) -> bool:
+    """A ``[PIPE-SELL]`` request, or a candidate step that sees only one of its candidates' names."""
+    return "[PIPE-SELL]" in text or any(f"`{c['name']}`" in text for c in SELL_CANDIDATES)
+
+
+def markers(text: str) -> str:
+    """The ``[PIPE-...]`` markers of a text, space separated, in order of first appearance."""
+    return " ".join(dict.fromkeys(re.findall(r"\[PIPE-[A-Z_:-]+[a-z_]*\]", text)))
+
+
+def pipeline_step(messages: list[dict[str, Any]]) -> str | None:
+    """The selling step a request belongs to, from the skill named in its system prompt."""
+    system = "".join(message_text(m) for m in messages if m.get("role") == "system")
+    for skill, step in SELL_SKILLS.items():
+        if f"/skills/{skill}" in system:
+            return step
+    if "confirm_and_select" in system or "evaluated_candidates" in system:
+        return "confirm_and_select"
+    return None
 
 
 def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
