@@ -448,14 +448,18 @@ class RunMachine:
             self.last_state = state
             if state == "canceled" or (state in FAILURE_STATES and self.bad_state is None):
                 self.bad_state = state  # a cancellation outranks a failure
-        if info.inputs and state == "input-required":
-            waiting = {a.interrupt_id for a in self.answers}
-            fresh = [i for i in info.inputs if i.get("inputId") not in waiting and not self._applied(i)]
-            self.sideband_ids.update(intr.sideband_ids(info.iac))
-            if fresh and not self.answers:
-                self._interrupt(fresh)
-                return True
-            self.new_inputs.extend(i for i in fresh if i not in self.new_inputs)
+        if info.inputs:
+            sideband = intr.sideband_ids(info.iac)
+            # A candidate-scope permission is a wait of its own: the kernel keeps the task
+            # WORKING while it waits for that answer, so it interrupts the run all the same.
+            if state == "input-required" or any(i.get("inputId") in sideband for i in info.inputs):
+                waiting = {a.interrupt_id for a in self.answers}
+                fresh = [i for i in info.inputs if i.get("inputId") not in waiting and not self._applied(i)]
+                self.sideband_ids.update(sideband)
+                if fresh and not self.answers:
+                    self._interrupt(fresh)
+                    return True
+                self.new_inputs.extend(i for i in fresh if i not in self.new_inputs)
         return True
 
     def _on_guidance_frame(self, info: FrameInfo) -> None:
@@ -760,6 +764,8 @@ class RunMachine:
         if not isinstance(reply, KernelAnswer):
             log.warning("run %s: kernel unavailable for an answer: %s", self.run_input.run_id, _reason(reply))
             raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
+        if _refused_ack(reply.body):  # a permission_ack saying accepted: false
+            raise AguiError(Code.A2A_UNAVAILABLE, msg.RESUME_REJECTED)
         assert self.answer is not None
         self._accept(self.answer)
 
@@ -797,6 +803,17 @@ _REPLY_HANDLERS: dict[Phase, Callable[[RunMachine, Reply], None]] = {
     Phase.FILLING_GAPS: RunMachine._on_gaps,
     Phase.COMMITTING_INTERRUPTS: RunMachine._on_interrupts_committed,
 }
+
+
+def _refused_ack(body: Any) -> bool:
+    """Whether a unary answer's reply holds an acknowledgement with ``accepted: false``."""
+    if isinstance(body, dict):
+        if body.get("accepted") is False:
+            return True
+        return any(_refused_ack(value) for value in body.values())
+    if isinstance(body, list):
+        return any(_refused_ack(item) for item in body)
+    return False
 
 
 def _reason(reply: Reply) -> str:
