@@ -592,3 +592,39 @@ def test_a_task_id_without_a_session_is_written_before_anything_is_announced() -
     [ids] = bench.mutations(RecordIds)
     assert ids.task_id == machine.task_id and ids.session_id is None
     assert bench.disk.execution.task_id == machine.task_id
+
+
+def selling_frames(name: str) -> list[Any]:
+    path = DATA.parent / "a2a-selling" / name
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_candidate_step_permission_interrupts_while_the_task_keeps_working() -> None:
+    capture = selling_frames("05-candidate-step-permissions-first-25s.jsonl")
+    context = next(info.context_id for info in map(inspect_frame, capture) if info.context_id)
+    record = record_for(context)
+    payload = validate_run_input(body("[PIPE-SELL]", runMode="pipeline", pipelineName="selling"))
+    machine = RunMachine(payload, mode=Mode.TURN, record=copy.deepcopy(record), language="en")
+    bench = Bench(machine, record, {FetchPipelineState: KernelAnswer(404, {})})
+    bench.feed(machine.start(NOW))
+    bench.feed(machine.frames(capture, NOW))
+    assert bench.finish.outcome is Outcome.INTERRUPT
+    assert machine.last_state == "working"  # no INPUT_REQUIRED came: the kernel waits in WORKING
+    [interrupt] = bench.events[-1]["outcome"]["interrupts"]
+    assert interrupt["reason"] == "tool_call" and interrupt["metadata"]["toolName"] == "write_file"
+    [pending] = bench.disk.execution.pending.values()
+    assert pending.sideband  # answered with a unary SendMessage on Resume
+    assert_spans_balanced(bench.types())
+
+
+def test_a_sideband_answer_acknowledged_as_not_accepted_stays_pending() -> None:
+    sideband = dict(PERMISSION, inputId="s1", scope="candidate")
+    answers = [{"interruptId": "s1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(sideband, answers=answers)
+    bench.disk.execution.pending["s1"].sideband = True
+    machine.record.execution.pending["s1"].sideband = True
+    ack = {"role": "ROLE_AGENT", "parts": [{"data": {"kind": "permission_ack", "accepted": False}}]}
+    bench.replies[SendMessage] = KernelAnswer(200, {"message": ack})
+    bench.feed(machine.start(NOW))
+    assert bench.finish.code == Code.A2A_UNAVAILABLE and not bench.mutations(AcceptAnswer)
+    assert set(bench.disk.execution.pending) == {"s1"}
