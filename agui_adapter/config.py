@@ -100,6 +100,38 @@ ENV_NAMES: dict[str, str] = {
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
 
+#: Settings that are a whole number of things, at least one.
+_COUNTS = ("max_connections", "max_runs")
+#: Settings that are a positive, finite number of seconds.
+_SECONDS = (
+    "heartbeat_seconds",
+    "interrupt_ttl_seconds",
+    "kernel_ready_timeout",
+    "stale_task_timeout_seconds",
+    "keepalive_timeout_seconds",
+    "request_timeout_seconds",
+    "send_timeout_seconds",
+)
+
+
+def _number(name: str, value: Any, *, integer: bool, minimum: float, exclusive: bool = False) -> float:
+    """A finite number >= ``minimum`` (> with ``exclusive``), or ConfigError naming the setting."""
+    kind = "an integer" if integer else "a number"
+    bound = f"more than {minimum:g}" if exclusive else f"at least {minimum:g}"
+    try:
+        number = int(str(value).strip()) if integer else float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be {kind}, got {value!r}.") from None
+    if (
+        number != number
+        or number in (float("inf"), float("-inf"))
+        or number < minimum
+        or (exclusive and number == minimum)
+    ):
+        raise ConfigError(f"{name} must be {kind} {bound}, got {value!r}.")
+    return number
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Convert one raw value to the setting's type, or raise ConfigError naming it."""
     if name == "port":
@@ -110,38 +142,12 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be between 1 and 65535, got {port}.")
         return port
-    if name == "max_connections":
-        try:
-            count = int(str(value).strip())
-        except ValueError:
-            raise ConfigError(f"max_connections must be a positive integer, got {value!r}.") from None
-        if count < 1:
-            raise ConfigError(f"max_connections must be a positive integer, got {value!r}.")
-        return count
-    if name in (
-        "heartbeat_seconds",
-        "interrupt_ttl_seconds",
-        "kernel_ready_timeout",
-        "stale_task_timeout_seconds",
-        "keepalive_timeout_seconds",
-        "request_timeout_seconds",
-        "send_timeout_seconds",
-    ):
-        try:
-            number = float(str(value).strip())
-        except ValueError:
-            raise ConfigError(f"{name} must be a number, got {value!r}.") from None
-        if not number > 0 or number != number or number == float("inf"):
-            raise ConfigError(f"{name} must be a positive number, got {value!r}.")
-        return number
+    if name in _COUNTS:
+        return int(_number(name, value, integer=True, minimum=1))
+    if name in _SECONDS:
+        return _number(name, value, integer=False, minimum=0, exclusive=True)
     if name == "shutdown_grace_seconds":
-        try:
-            grace = float(str(value).strip())
-        except ValueError:
-            raise ConfigError(f"shutdown_grace_seconds must be a number of seconds, got {value!r}.") from None
-        if not 0 <= grace < float("inf"):
-            raise ConfigError(f"shutdown_grace_seconds must be 0 or more, got {value!r}.")
-        return grace
+        return _number(name, value, integer=False, minimum=0)
     if name == "thread_retention_days":
         text = str(value).strip().lower()
         if text in ("off", "never", "forever"):
@@ -162,14 +168,6 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
     if name == "cors_origins":
         return _cors_origins(value)
-    if name == "max_runs":
-        try:
-            runs = int(str(value).strip())
-        except ValueError:
-            raise ConfigError(f"max_runs must be a positive integer, got {value!r}.") from None
-        if runs < 1:
-            raise ConfigError(f"max_runs must be at least 1, got {runs}.")
-        return runs
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
     if name == "kernel" and text not in KERNEL_CHOICES:
         raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")
