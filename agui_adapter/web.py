@@ -27,7 +27,7 @@ from .a2a import KernelClient
 from .errors import AguiError
 from .i18n import negotiate_language, translate, weighted_items
 from .runs import RunEngine
-from .validation import preferred_language_hint, validate_run_input
+from .validation import check_thread_header, preferred_language_hint, validate_run_input
 
 log = logging.getLogger("agui_adapter.web")
 
@@ -225,6 +225,7 @@ class AguiApp:
         )
         try:
             run_input = validate_run_input(payload)
+            check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
