@@ -34,6 +34,7 @@ from agui_adapter.errors import AguiError, Code
 __all__ = [
     "MAX_JSON_DEPTH",
     "SECRET_PATHS",
+    "THREAD_HEADER",
     "IacCodeProps",
     "ResumeEntry",
     "RunInput",
@@ -41,6 +42,7 @@ __all__ = [
     "format_field",
     "preferred_language_hint",
     "redact_secrets",
+    "check_thread_header",
     "request_digest",
     "validate_run_input",
 ]
@@ -412,6 +414,24 @@ def validate_run_input(payload: object) -> RunInput:
         resume=_resume(payload.get("resume")),
         raw=payload,
     )
+
+
+#: The optional routing header of ``POST /``: a load balancer hashes it (consistent hashing) so
+#: that every request of a thread reaches the machine that holds the thread's workspace and
+#: kernel session (``deploy/nginx-sticky-threads.conf``).
+THREAD_HEADER = "X-AGUI-Thread-Id"
+
+
+def check_thread_header(header: str | None, thread_id: str) -> None:
+    """Refuse a request whose ``X-AGUI-Thread-Id`` header differs from its body's ``threadId``.
+
+    The header is optional (``None``: nothing to check). When present it must equal the
+    ``threadId`` exactly (no trimming, no case folding): a proxy routed the request by the
+    header, so a different body would run the thread on a machine that does not hold it.
+    Raises ``AguiError("INVALID_INPUT", …)`` naming the header, never echoing either value.
+    """
+    if header is not None and header != thread_id:
+        raise AguiError("INVALID_INPUT", messages.THREAD_HEADER_MISMATCH)
 
 
 def preferred_language_hint(payload: object) -> object:

@@ -44,7 +44,7 @@ from .a2a import KernelClient
 from .errors import AguiError, Code
 from .i18n import negotiate_language, translate
 from .runs import RunEngine
-from .validation import check_json_text, preferred_language_hint, validate_run_input
+from .validation import check_json_text, check_thread_header, preferred_language_hint, validate_run_input
 
 log = logging.getLogger("agui_adapter.web")
 
@@ -68,7 +68,9 @@ def request_id_for(environ: dict[str, Any]) -> str:
     return uuid.uuid4().hex
 
 
-CORS_ALLOW_HEADERS = "Authorization, Content-Type, Accept, Accept-Language, Last-Event-ID, X-Request-ID"
+CORS_ALLOW_HEADERS = (
+    "Authorization, Content-Type, Accept, Accept-Language, Last-Event-ID, X-Request-ID, X-AGUI-Thread-Id"
+)
 CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
@@ -419,6 +421,7 @@ class AguiApp:
         try:
             check_json_text(payload, body)
             run_input = validate_run_input(payload)
+            check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)

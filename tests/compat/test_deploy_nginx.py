@@ -1,0 +1,386 @@
+"""The nginx recipes of ``deploy/`` proven with Debian's real nginx on loopback (marker ``nginx``).
+
+``deploy/nginx-tls.conf`` in front of one ``python run.py``: TLS with a certificate made by
+``openssl`` for the test, the first delta of a ``[SLOW]`` run arrives long before the run ends,
+heartbeats of a ``[SILENT n]`` run pass promptly and keep the stream open through nginx's read
+timeout, a client that goes away still cancels the kernel task, ``X-Request-ID`` flows
+through, and nginx's gzip does not touch the event stream.
+
+``deploy/nginx-sticky-threads.conf`` in front of two adapter+kernel pairs (each adapter with
+its own state directory and its own scripted kernel, whose request log shows which pair a
+request reached): every run, Resume and cancel of a thread reaches the pair its
+``X-AGUI-Thread-Id`` hashes to, and when a pair is down its threads get the recipe's 503
+``A2A_UNAVAILABLE`` while the other pair's threads keep working.
+
+Without nginx the tests fail under ``CI=true`` and are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.store import thread_key
+from tests.support.agui_client import Client, resume, run_body, session_value
+from tests.support.agui_stream import RECORDER, check_stream, parse_sse
+from tests.support.flow import KERNEL_TOKEN, kernel_calls
+from tests.support.nginx import Nginx, render_recipe, require_nginx, self_signed_cert
+from tests.support.ports import free_port
+from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
+from tests.support.servers import AdapterProcess
+
+pytestmark = pytest.mark.nginx
+
+#: ``[SLOW]`` waits 1 s before each of its 10 deltas and ``[SILENT n]`` n s, times this scale.
+DELAY_SCALE = 0.3
+HEARTBEAT = 0.2
+#: The recipe's read timeout shrunk for the test: still longer than the heartbeat, much shorter
+#: than the silences below, so only heartbeats can keep those streams open.
+READ_TIMEOUT = "1s"
+
+
+def _port(url: str) -> int:
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def _start_adapter(state_dir: Path, allowed: Path, kernel_url: str, *extra: str) -> AdapterProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE_AGUI_")}
+    environ.update(
+        {"IAC_CODE_AGUI_A2A_TOKEN": KERNEL_TOKEN, "IAC_CODE_AGUI_ALLOWED_CWDS": str(allowed), "PYTHONUNBUFFERED": "1"}
+    )
+    args = ["--host", "127.0.0.1", "--port", "0", "--state-dir", str(state_dir), "--a2a-url", kernel_url, *extra]
+    process = AdapterProcess(args, environ).start()
+    STATE_DIRS.append(state_dir)
+    ADAPTER_LOGS.append(process)
+    return process
+
+
+def _tls_client(url: str, cert: Path) -> Client:
+    client = Client(url)
+    client.session.verify = str(cert)
+    return client
+
+
+@pytest.fixture(scope="module")
+def nginx_binary() -> str:
+    return require_nginx()
+
+
+@pytest.fixture(scope="module")
+def slow_kernel() -> Iterator[ScriptedKernel]:
+    kernel = ScriptedKernel(KERNEL_TOKEN, delay_scale=DELAY_SCALE)
+    kernel.start()
+    yield kernel
+    kernel.stop()
+
+
+@pytest.fixture(scope="module")
+def proxied(
+    nginx_binary: str, slow_kernel: ScriptedKernel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """One adapter (heartbeat 0.2 s) behind ``deploy/nginx-tls.conf``, over TLS."""
+    root = tmp_path_factory.mktemp("nginx-tls")
+    workspace = root / "ws"
+    workspace.mkdir()
+    adapter = _start_adapter(root / "state", root, slow_kernel.url, "--heartbeat-seconds", str(HEARTBEAT))
+    cert, key = self_signed_cert(root)
+    port = free_port()
+    site = render_recipe(
+        "nginx-tls.conf",
+        {
+            "server 127.0.0.1:8000;": f"server 127.0.0.1:{_port(adapter.url)};",
+            "listen 443 ssl;": f"listen 127.0.0.1:{port} ssl;",
+            "/etc/nginx/tls/agui-adapter.crt": str(cert),
+            "/etc/nginx/tls/agui-adapter.key": str(key),
+            "proxy_read_timeout 120s;": f"proxy_read_timeout {READ_TIMEOUT};",
+        },
+    )
+    nginx = Nginx(nginx_binary, root / "nginx", site, port).start()
+    try:
+        yield {"url": f"https://127.0.0.1:{port}/", "cert": cert, "adapter": adapter, "workspace": workspace}
+    finally:
+        nginx.stop()
+        adapter.stop()
+
+
+def _timed_stream(proxied: dict[str, Any], body: dict[str, Any]) -> tuple[requests.Response, list[tuple[float, bytes]]]:
+    """POST a run through nginx; every chunk as it arrives, with its arrival time."""
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = str(proxied["cert"])
+    start = time.monotonic()
+    chunks: list[tuple[float, bytes]] = []
+    with session.post(
+        proxied["url"], json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30
+    ) as response:
+        for chunk in response.raw.stream(1024, decode_content=False):  # the bytes nginx sent
+            chunks.append((time.monotonic() - start, chunk))
+    raw = b"".join(c for _, c in chunks)
+    events = parse_sse(raw)
+    check_stream(events)
+    RECORDER.record(body["threadId"], raw)
+    return response, chunks
+
+
+def _first_arrival(chunks: list[tuple[float, bytes]], marker: bytes) -> float:
+    seen = b""
+    for at, chunk in chunks:
+        seen += chunk
+        if marker in seen:
+            return at
+    raise AssertionError(f"{marker!r} never arrived")
+
+
+def test_the_first_delta_arrives_before_the_run_ends(proxied: dict[str, Any]) -> None:
+    body = run_body("[SLOW]", cwd=str(proxied["workspace"]))
+    response, chunks = _timed_stream(proxied, body)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    # the client asked for gzip (requests does) and nginx gzips text/event-stream globally in
+    # this test's nginx.conf: the recipe's location switches it off for the stream
+    assert "Content-Encoding" not in response.headers
+    first_delta = _first_arrival(chunks, b'"TEXT_MESSAGE_CONTENT"')
+    finished = _first_arrival(chunks, b'"RUN_FINISHED"')
+    # 10 deltas, 0.3 s apart: the first arrives about 2.7 s before the end, unless buffered
+    assert finished - first_delta > 1.5, (first_delta, finished)
+    events = parse_sse(b"".join(c for _, c in chunks))
+    assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT").startswith("Slowly counting")
+
+
+def test_heartbeats_pass_and_keep_a_silent_stream_open(proxied: dict[str, Any]) -> None:
+    # 3 s of kernel silence behind a 1 s proxy_read_timeout: only the adapter's heartbeats,
+    # passed on by nginx as they come, keep the stream open
+    body = run_body("[SILENT 10] hi", cwd=str(proxied["workspace"]))
+    response, chunks = _timed_stream(proxied, body)
+    assert response.status_code == 200
+    first_delta = _first_arrival(chunks, b'"TEXT_MESSAGE_CONTENT"')
+    assert first_delta > 2.5, first_delta
+    beats = []
+    seen = b""
+    for at, chunk in chunks:
+        before = seen.count(b": heartbeat")
+        seen += chunk
+        beats += [at] * (seen.count(b": heartbeat") - before)
+    during = [at for at in beats if at < first_delta]
+    assert len(during) >= 5, beats
+    gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
+    assert max(gaps) < 0.9, gaps  # each one arrived on its own, well within the read timeout
+    assert parse_sse(seen)[-1]["type"] == "RUN_FINISHED"
+
+
+def test_a_client_disconnect_cancels_the_kernel_task(proxied: dict[str, Any], slow_kernel: ScriptedKernel) -> None:
+    body = run_body("[SILENT 100] [SLOW]", cwd=str(proxied["workspace"]))  # 30 s of kernel silence
+    payload = json.dumps(body).encode()
+    port = _port(proxied["url"])
+    context = ssl.create_default_context(cafile=str(proxied["cert"]))
+    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+    sock.sendall(
+        b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    data = b""
+    while b"iac-code.session.v1" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    task_id = data.split(b'"taskId":"')[1].split(b'"')[0].decode()
+    assert not any(c["params"].get("id") == task_id for c in kernel_calls(slow_kernel, "CancelTask"))
+    sock.close()
+    deadline = time.monotonic() + 5  # nginx closes upstream; the next heartbeat write notices
+    while time.monotonic() < deadline:
+        if any(c["params"].get("id") == task_id for c in kernel_calls(slow_kernel, "CancelTask")):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the adapter never sent CancelTask through nginx")
+
+
+def test_x_request_id_flows_through(proxied: dict[str, Any]) -> None:
+    direct = requests.get(proxied["adapter"].url + "health", headers={"X-Request-ID": "probe-1"}, timeout=5)
+    if direct.headers.get("X-Request-ID") != "probe-1":
+        pytest.skip("this adapter does not echo X-Request-ID (the edge work of issue 11 adds it)")
+    client = _tls_client(proxied["url"], proxied["cert"])
+    mine = f"req-{uuid.uuid4().hex}"
+    result = client.run(run_body("hello", cwd=str(proxied["workspace"])), headers={"X-Request-ID": mine})
+    assert result.status == 200 and result.terminal["type"] == "RUN_FINISHED"
+    assert result.headers["X-Request-ID"] == mine
+    assert mine.encode() in proxied["adapter"].log  # the adapter logged the client's id
+    # no id from the client: nginx makes one up ($request_id) and the adapter uses it
+    made_up = client.run(run_body("hello", cwd=str(proxied["workspace"])))
+    assert made_up.status == 200
+    assert re.fullmatch(r"[0-9a-f]{32}", made_up.headers["X-Request-ID"]), made_up.headers
+
+
+# ------------------------------------------------------------------- two pairs, sticky threads
+class Pair:
+    """One machine: a scripted kernel and the adapter in front of it, with its own state dir."""
+
+    def __init__(self, root: Path, allowed: Path) -> None:
+        self.kernel = ScriptedKernel(KERNEL_TOKEN, delay_scale=0.05)
+        self.kernel.start()
+        self.state_dir = root / "state"
+        self.adapter = _start_adapter(self.state_dir, allowed, self.kernel.url)
+
+    def holds(self, thread_id: str) -> bool:
+        return (self.state_dir / "threads" / f"{thread_key(thread_id)}.json").exists()
+
+    def stop(self) -> None:
+        self.adapter.stop()
+        self.kernel.stop()
+
+
+@pytest.fixture
+def two_pairs(nginx_binary: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    pairs = [Pair(tmp_path / name, tmp_path) for name in ("a", "b")]
+    cert, key = self_signed_cert(tmp_path)
+    port = free_port()
+    site = render_recipe(
+        "nginx-sticky-threads.conf",
+        {
+            "server 10.0.0.11:8000 ": f"server 127.0.0.1:{_port(pairs[0].adapter.url)} ",
+            "server 10.0.0.12:8000 ": f"server 127.0.0.1:{_port(pairs[1].adapter.url)} ",
+            "listen 443 ssl;": f"listen 127.0.0.1:{port} ssl;",
+            "/etc/nginx/tls/agui-adapter.crt": str(cert),
+            "/etc/nginx/tls/agui-adapter.key": str(key),
+        },
+    )
+    nginx = Nginx(nginx_binary, tmp_path / "nginx", site, port).start()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    try:
+        yield {"pairs": pairs, "client": _tls_client(f"https://127.0.0.1:{port}/", cert), "workspace": workspace}
+    finally:
+        nginx.stop()
+        for pair in pairs:
+            pair.stop()
+
+
+def _pair_of(pairs: list[Pair], context_id: str) -> int:
+    [index] = [i for i, p in enumerate(pairs) if kernel_calls(p.kernel, "SendStreamingMessage", context_id)]
+    return index
+
+
+def _threads_on_both_pairs(env: dict[str, Any], per_pair: int) -> dict[int, list[tuple[dict, Any]]]:
+    """Threads started with a permission interrupt through nginx, until each pair holds ``per_pair``."""
+    client, pairs = env["client"], env["pairs"]
+    placed: dict[int, list[tuple[dict, Any]]] = {0: [], 1: []}
+    for _ in range(40):
+        body = run_body("[WRITE] make a file", cwd=str(env["workspace"]))
+        result = client.run(body, headers={"X-AGUI-Thread-Id": body["threadId"]})
+        assert result.status == 200 and result.terminal["outcome"]["type"] == "interrupt", result.raw
+        index = _pair_of(pairs, session_value(result)["contextId"])
+        assert pairs[index].holds(body["threadId"]) and not pairs[1 - index].holds(body["threadId"])
+        placed[index].append((body, result))
+        if min(len(v) for v in placed.values()) >= per_pair:
+            return placed
+    raise AssertionError(f"40 threads did not reach both pairs: {[len(v) for v in placed.values()]}")
+
+
+def test_every_run_resume_and_cancel_of_a_thread_reaches_its_pair(two_pairs: dict[str, Any]) -> None:
+    client, pairs = two_pairs["client"], two_pairs["pairs"]
+    placed = _threads_on_both_pairs(two_pairs, per_pair=2)
+    for index, threads in placed.items():
+        mine, other = pairs[index], pairs[1 - index]
+        for body, result in threads:
+            thread = body["threadId"]
+            context = session_value(result)["contextId"]
+            header = {"X-AGUI-Thread-Id": thread}
+            # the Resume
+            [interrupt] = result.terminal["outcome"]["interrupts"]
+            answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
+            sent = len(kernel_calls(mine.kernel, "SendStreamingMessage", context))
+            resumed = client.run(resume(body, answer), headers=header)
+            assert resumed.terminal["type"] == "RUN_FINISHED", resumed.raw
+            assert resumed.terminal["outcome"] == {"type": "success"}
+            assert len(kernel_calls(mine.kernel, "SendStreamingMessage", context)) > sent
+            # a next turn, cancelled through the cancel extension
+            slow = run_body("[SLOW]", thread_id=thread, cwd=body["forwardedProps"]["iacCode"]["cwd"])
+            session = requests.Session()
+            session.trust_env, session.verify = False, client.session.verify
+            with session.post(
+                client.url, json=slow, headers={"Accept": "text/event-stream", **header}, stream=True, timeout=30
+            ) as r:
+                raw = b""
+                chunks = r.iter_content(None)
+                for chunk in chunks:
+                    raw += chunk
+                    if b"iac-code.session.v1" in raw:
+                        break
+                value = next(e for e in parse_sse(raw) if e.get("name") == "iac-code.session.v1")["value"]
+                cancel = client.session.post(
+                    f"{client.url}extensions/iac-code/v1/executions/{value['executionId']}/cancel",
+                    json={"threadId": thread, "rosInvocationId": "inv-1"},
+                    headers=header,
+                    timeout=30,
+                )
+                assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled", cancel.text
+                for chunk in chunks:
+                    raw += chunk
+            events = parse_sse(raw)
+            check_stream(events)
+            assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"
+            assert any(c["params"].get("id") == value["taskId"] for c in kernel_calls(mine.kernel, "CancelTask"))
+            # nothing of this thread ever reached the other pair
+            assert kernel_calls(other.kernel, "SendStreamingMessage", context) == []
+            assert not any(c["params"].get("id") == value["taskId"] for c in kernel_calls(other.kernel, "CancelTask"))
+            assert mine.holds(thread) and not other.holds(thread)
+
+
+def test_when_a_pair_is_down_its_threads_get_503_and_the_others_keep_working(two_pairs: dict[str, Any]) -> None:
+    client, pairs = two_pairs["client"], two_pairs["pairs"]
+    placed = _threads_on_both_pairs(two_pairs, per_pair=1)
+    (down_body, down_result), (up_body, up_result) = placed[0][0], placed[1][0]
+    port = str(_port(pairs[0].adapter.url))
+    pairs[0].adapter.kill()
+    # a thread of the stopped pair: the recipe's JSON 503, again and again (nginx never marks
+    # the pair failed and hashes the thread elsewhere), for a Resume as for a new turn
+    [interrupt] = down_result.terminal["outcome"]["interrupts"]
+    answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
+    cwd = down_body["forwardedProps"]["iacCode"]["cwd"]
+    for body in (
+        resume(down_body, answer),
+        resume(down_body, answer),
+        run_body("hi", thread_id=down_body["threadId"], cwd=cwd),
+    ):
+        refused = client.run(body, headers={"X-AGUI-Thread-Id": body["threadId"]})
+        assert refused.status == 503, refused.raw
+        assert refused.error == {
+            "code": "A2A_UNAVAILABLE",
+            "message": "The machine that holds this thread is unavailable; retry later.",
+        }
+        assert refused.headers["Retry-After"] == "10"
+        assert not pairs[1].holds(body["threadId"])
+    # a thread of the other pair is not affected
+    [interrupt] = up_result.terminal["outcome"]["interrupts"]
+    answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
+    resumed = client.run(resume(up_body, answer), headers={"X-AGUI-Thread-Id": up_body["threadId"]})
+    assert resumed.status == 200 and resumed.terminal["outcome"] == {"type": "success"}
+    # the pair comes back on its address with its state: its thread resumes there
+    pair = pairs[0]
+    pair.adapter = _start_adapter(pair.state_dir, two_pairs["workspace"].parent, pair.kernel.url, "--port", port)
+    [interrupt] = down_result.terminal["outcome"]["interrupts"]
+    answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
+    back = client.run(resume(down_body, answer), headers={"X-AGUI-Thread-Id": down_body["threadId"]})
+    assert back.status == 200 and back.terminal["outcome"] == {"type": "success"}, back.raw
+    assert kernel_calls(pairs[1].kernel, "SendStreamingMessage", session_value(down_result)["contextId"]) == []
+
+
+def test_a_header_that_differs_from_the_body_is_refused_by_the_pair(two_pairs: dict[str, Any]) -> None:
+    client = two_pairs["client"]
+    body = run_body("hello", cwd=str(two_pairs["workspace"]))
+    result = client.run(body, headers={"X-AGUI-Thread-Id": "thread-of-someone-else"})
+    assert result.status == 400 and result.error["code"] == "INVALID_INPUT"
+    assert "X-AGUI-Thread-Id" in result.error["message"]
+    assert not any(p.holds(body["threadId"]) for p in two_pairs["pairs"])
