@@ -327,7 +327,7 @@ def check_json_text(payload: object, body: bytes) -> None:
             continue
         if len(path) >= MAX_JSON_DEPTH:
             raise AguiError(
-                "INVALID_INPUT", messages.FIELD_TOO_DEEP, {"field": _shown_field(path[:2]), "limit": MAX_JSON_DEPTH}
+                Code.INVALID_INPUT, messages.FIELD_TOO_DEEP, {"field": _shown_field(path[:2]), "limit": MAX_JSON_DEPTH}
             )
         if isinstance(node, dict):
             for key, value in reversed(node.items()):

@@ -376,7 +376,8 @@ class AguiApp:
     @staticmethod
     def _parse_json(body: bytes, invalid: str) -> Any:
         try:
-            payload = json.loads(body)
+            # strict UTF-8 first: json.loads(bytes) would let encoded surrogates through
+            payload = json.loads(body.decode("utf-8"))
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise AguiError(Code.INVALID_JSON, invalid) from None
         return payload

@@ -100,6 +100,13 @@ def test_a_lone_surrogate_is_a_400_before_the_stream(
     assert message.startswith(field), message
 
 
+def test_a_surrogate_encoded_as_raw_bytes_is_invalid_json(client: Client, workspace: Path) -> None:
+    # b"\xed\xa0\x80" is U+D800 encoded as if it were a character: not UTF-8 (found by the soak)
+    data = json.dumps(run_body(thread_id="thread-x", cwd=str(workspace))).encode()
+    result = client.run(data.replace(b"thread-x", b"\xed\xa0\x80thread-x"))
+    assert result.status == 400 and result.error is not None and result.error["code"] == "INVALID_JSON"
+
+
 def test_paired_surrogates_are_ordinary_text(client: Client, workspace: Path) -> None:
     result = client.run(json.dumps(run_body("smile \U0001f600", cwd=str(workspace))).encode())
     assert result.status == 200 and result.terminal["type"] == "RUN_FINISHED"
