@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from queue import Empty
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import events as ev
 from . import run_effects as fx
@@ -107,17 +107,21 @@ class RunDriver:
                 yield ev.HEARTBEAT
                 continue
             now = self._clock()
+            # The bytes of one wake-up are decoded together and the machine takes all their
+            # frames at once; anything else the pump queued is handled in its place.
+            frames: list[Any] = []
             for item in items:
                 if type(item) is Chunk:
-                    effects = machine.frames(self._reader.feed(item.data), now)
-                    if len(effects) == 1 and type(effects[0]) is fx.Emit:  # the common case: events only
-                        out.extend(effects[0].events)  # type: ignore[union-attr]
-                        continue
-                elif type(item) is StreamEnd:
-                    effects = machine.frames(self._reader.close(), now)
-                    yield from self._carry_out(effects, out)
+                    frames += self._reader.feed(item.data)
+                    continue
+                if type(item) is StreamEnd:
+                    frames += self._reader.close()
+                if frames:
+                    yield from self._carry_out(machine.frames(frames, now), out)
+                    frames = []
                     if machine.ended:
                         break
+                if type(item) is StreamEnd:
                     effects = machine.stream_ended(now)
                 elif type(item) is Rejected:
                     effects = machine.kernel_rejected(item.error, now)
@@ -128,6 +132,13 @@ class RunDriver:
                 yield from self._carry_out(effects, out)
                 if machine.ended:
                     break
+            else:
+                if frames:
+                    effects = machine.frames(frames, now)
+                    if len(effects) == 1 and type(effects[0]) is fx.Emit:  # the common case: events only
+                        out.extend(effects[0].events)  # type: ignore[union-attr]
+                    else:
+                        yield from self._carry_out(effects, out)
             if out:
                 yield ev.encode_many(out)
 
