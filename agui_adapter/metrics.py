@@ -78,7 +78,7 @@ def _escape_help(value: str) -> str:
 
 
 def _labels(names: Sequence[str], values: Sequence[str], extra: tuple[str, str] | None = None) -> str:
-    pairs = list(zip(names, values))
+    pairs = list(zip(names, values, strict=True))
     if extra is not None:
         pairs.append(extra)
     if not pairs:
@@ -128,7 +128,7 @@ class _Buckets:
         with self._lock:
             counts, total = list(self._counts), self._sum
         lines, cumulative = [], 0
-        for bound, count in zip([*self._bounds, float("inf")], counts):
+        for bound, count in zip([*self._bounds, float("inf")], counts, strict=True):
             cumulative += count
             lines.append(f"{name}_bucket{_labels(names, values, ('le', _number(bound)))} {_number(cumulative)}")
         lines.append(f"{name}_sum{_labels(names, values)} {_number(total)}")

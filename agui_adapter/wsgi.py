@@ -22,7 +22,7 @@ from .retention import start_retention
 from .server import build_app, configure_logging
 
 _settings = load_settings()
-configure_logging(_settings.log_level)
+configure_logging(_settings.log_level, _settings.log_format)
 _kernel = start_kernel(_settings)
 atexit.register(_kernel.stop)
 
