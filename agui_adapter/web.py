@@ -440,7 +440,8 @@ class AguiApp:
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
-        log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode)
+        ids = {"thread_id": run_input.thread_id, "run_id": run_input.run_id}
+        log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode, extra=ids)
         body = self.engine.stream(admission)
         try:
             start_response("200 OK", list(SSE_HEADERS))
