@@ -104,11 +104,14 @@ def _open_silent_run(url: str, workspace: Path) -> tuple[socket.socket, bytes]:
     return sock, data
 
 
-def _wait_for(url: str, name: str, expected: float, token: str | None = None, **labels: str) -> Samples:
+def _wait_for_the_abandoned_run(url: str) -> Samples:
+    """A scrape once the disconnected run has ended and left the live runs (two steps of
+    its ``close()``, which runs on the server's thread after the failed write)."""
     deadline = time.monotonic() + 10
     while True:
-        samples = scrape(url, token)
-        if value(samples, name, **labels) == expected or time.monotonic() > deadline:
+        samples = scrape(url)
+        ended = value(samples, "agui_runs_total", outcome="abandoned") == 1.0
+        if (ended and value(samples, "agui_runs_active") == 0.0) or time.monotonic() > deadline:
             return samples
         time.sleep(0.05)
 
@@ -133,7 +136,7 @@ def test_a_scrape_counts_runs_by_outcome_events_and_latencies(make_adapter: Any,
     during = scrape(adapter.url)
     assert value(during, "agui_runs_active") == 1.0
     sock.close()  # the client goes away mid-run
-    after = _wait_for(adapter.url, "agui_runs_total", 1.0, outcome="abandoned")
+    after = _wait_for_the_abandoned_run(adapter.url)
 
     assert value(after, "agui_runs_total", outcome="success") == 1.0
     assert value(after, "agui_runs_total", outcome="interrupt") == 1.0
@@ -226,25 +229,29 @@ def test_one_scrape_gives_the_totals_of_every_process(adapter_process: Any, tmp_
     env = {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
     first = adapter_process("--heartbeat-seconds", "0.2", env=env)
     second = adapter_process("--heartbeat-seconds", "0.2", env=env)
-    events = 0
-    for process, text in ((first, "hello"), (second, "hello"), (second, "[FAIL]")):
-        result = Client(process.url).run(run_body(text, cwd=str(workspace)))
-        assert result.status == 200
-        events += len(result.events)
-    sock, data = _open_silent_run(second.url, workspace)
-    events += data.count(b"\ndata: ")
-    assert value(scrape(first.url), "agui_runs_active") == 1.0  # the other process's open run
-    sock.close()
-    for process in (first, second):
-        samples = _wait_for(process.url, "agui_runs_total", 1.0, outcome="abandoned")
-        assert value(samples, "agui_runs_total", outcome="success") == 2.0
-        assert value(samples, "agui_runs_total", outcome="error") == 1.0
-        assert value(samples, "agui_runs_total", outcome="abandoned") == 1.0
-        assert value(samples, "agui_events_sent_total") == events
-        assert value(samples, "agui_http_requests_total", route="run", status="200") == 4.0
-        assert value(samples, "agui_sse_clients_disconnected_total") == 1.0
-        assert value(samples, "agui_runs_active") == 0.0
-        assert value(samples, "agui_kernel_up") == 1.0
-        check_histogram(samples, "agui_run_duration_seconds", 4)
-        check_histogram(samples, "agui_run_first_event_seconds", 4)
-    assert len({p.name.rsplit("_", 1)[-1] for p in directory.glob("counter_*.db")}) == 2  # one file per process
+    try:
+        events = 0
+        for process, text in ((first, "hello"), (second, "hello"), (second, "[FAIL]")):
+            result = Client(process.url).run(run_body(text, cwd=str(workspace)))
+            assert result.status == 200
+            events += len(result.events)
+        sock, data = _open_silent_run(second.url, workspace)
+        events += data.count(b"\ndata: ")
+        assert value(scrape(first.url), "agui_runs_active") == 1.0  # the other process's open run
+        sock.close()
+        for process in (first, second):
+            samples = _wait_for_the_abandoned_run(process.url)
+            assert value(samples, "agui_runs_total", outcome="success") == 2.0
+            assert value(samples, "agui_runs_total", outcome="error") == 1.0
+            assert value(samples, "agui_runs_total", outcome="abandoned") == 1.0
+            assert value(samples, "agui_events_sent_total") == events
+            assert value(samples, "agui_http_requests_total", route="run", status="200") == 4.0
+            assert value(samples, "agui_sse_clients_disconnected_total") == 1.0
+            assert value(samples, "agui_runs_active") == 0.0
+            assert value(samples, "agui_kernel_up") == 1.0
+            check_histogram(samples, "agui_run_duration_seconds", 4)
+            check_histogram(samples, "agui_run_first_event_seconds", 4)
+        assert len({p.name.rsplit("_", 1)[-1] for p in directory.glob("counter_*.db")}) == 2  # one file per process
+    except AssertionError as exc:  # say what the two processes logged
+        logs = b"\n".join(p.log[-3000:] for p in (first, second)).decode(errors="replace")
+        raise AssertionError(f"{exc}\n--- adapter logs ---\n{logs}") from exc
