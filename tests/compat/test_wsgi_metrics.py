@@ -132,12 +132,15 @@ def test_one_scrape_gives_the_totals_of_all_gunicorn_workers(tmp_path: Path, scr
         assert len(results) == 6
         events = sum(len(r) for r in results)
 
+        # every run's summary line (written once its body is closed: it has left the live runs)
         deadline = time.monotonic() + 10
-        pids: set[int] = set()
-        while len(pids) < 2 and time.monotonic() < deadline:
+        summaries: list[dict[str, Any]] = []
+        while len(summaries) < 6 and time.monotonic() < deadline:
             lines = [x for x in log_path.read_text(errors="replace").splitlines() if x.startswith("{")]
-            pids = {e["pid"] for e in map(json.loads, lines) if e.get("outcome") == "success"}
+            summaries = [e for e in map(json.loads, lines) if e.get("outcome") == "success"]
             time.sleep(0.1)
+        assert len(summaries) == 6, log_path.read_text()[-3000:]
+        pids = {e["pid"] for e in summaries}
         assert len(pids) == 2, f"the runs did not spread over both workers\n{log_path.read_text()[-3000:]}"
 
         for _ in range(4):  # whichever worker answers

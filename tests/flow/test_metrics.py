@@ -104,6 +104,14 @@ def _open_silent_run(url: str, workspace: Path) -> tuple[socket.socket, bytes]:
     return sock, data
 
 
+def _wait_idle(url: str) -> None:
+    """Until the runs that were read to their end have left the live runs (the server closes
+    a body just after writing its last chunk, so a client can be a little ahead)."""
+    deadline = time.monotonic() + 10
+    while value(scrape(url), "agui_runs_active") != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _wait_for_the_abandoned_run(url: str) -> Samples:
     """A scrape once the disconnected run has ended and left the live runs (two steps of
     its ``close()``, which runs on the server's thread after the failed write)."""
@@ -132,6 +140,7 @@ def test_a_scrape_counts_runs_by_outcome_events_and_latencies(make_adapter: Any,
     assert failed.terminal["type"] == "RUN_ERROR"
     code = failed.terminal["code"]
 
+    _wait_idle(adapter.url)
     sock, data = _open_silent_run(adapter.url, workspace)
     during = scrape(adapter.url)
     assert value(during, "agui_runs_active") == 1.0
@@ -235,6 +244,7 @@ def test_one_scrape_gives_the_totals_of_every_process(adapter_process: Any, tmp_
             result = Client(process.url).run(run_body(text, cwd=str(workspace)))
             assert result.status == 200
             events += len(result.events)
+        _wait_idle(first.url)
         sock, data = _open_silent_run(second.url, workspace)
         events += data.count(b"\ndata: ")
         assert value(scrape(first.url), "agui_runs_active") == 1.0  # the other process's open run
