@@ -16,8 +16,9 @@ thread at once even while this run's writer is blocked on a client that stopped 
 
 What operators see of a run is counted here too, cheaply: events and bytes per written
 chunk (one add each, never per event), the time to the first event after RUN_STARTED,
-the outcome at ``Finish`` (``metrics``), a client gone before the end; and when the body
-is closed, one log line sums the run up (outcome, error code, events, bytes, duration).
+the outcome at ``Finish`` (``metrics``), a client gone before the end; and one log line
+sums the run up (outcome, error code, events, bytes, duration) just before its final
+chunk is handed to the server, or when the body is closed if none was (abandoned).
 While the body is iterated or closed, ``RUN_IDS`` holds the run's thread and run ids, so
 every log line of the run (the machine's, the kernel pump's) carries them (``logs``).
 """
@@ -71,6 +72,7 @@ class RunDriver:
         self._bytes = 0  # bytes handed to the server (heartbeats included)
         self._finish: fx.Finish | None = None
         self._duration: float | None = None
+        self._summarized = False
 
     # ------------------------------------------------------------------ WSGI iterable
     def __iter__(self) -> RunDriver:
@@ -100,7 +102,8 @@ class RunDriver:
         finally:
             try:
                 self.engine.run_ended(self)
-                self._log_summary()
+                if not self._summarized:  # abandoned: no final chunk was written
+                    self._log_summary(self._bytes)
             finally:
                 RUN_IDS.reset(token)
 
@@ -179,7 +182,10 @@ class RunDriver:
         self._metrics.events_sent(count)
         if before < 2 <= self._events:  # the first event after RUN_STARTED
             self._metrics.first_event(time.monotonic() - self._admitted)
-        return ev.encode_many(out)
+        chunk = ev.encode_many(out)
+        if self._finish is not None:  # the final events: sum the run up before the client sees its end
+            self._log_summary(self._bytes + len(chunk))
+        return chunk
 
     def _carry_out_quietly(self, effects: list[fx.Effect]) -> None:
         """Effects of a run nobody reads any more: no events, no requests."""
@@ -223,8 +229,10 @@ class RunDriver:
             self._metrics.run_finished(effect.outcome.value, effect.code, self._duration)
         return None
 
-    def _log_summary(self) -> None:
-        """The run's one summary line (its fields also as structured extras for JSON logs)."""
+    def _log_summary(self, sent: int) -> None:
+        """The run's one summary line (its fields also as structured extras for JSON logs);
+        ``sent``: the bytes of the whole stream, its final chunk included."""
+        self._summarized = True
         finish = self._finish
         outcome = finish.outcome.value if finish is not None else "abandoned"
         code = finish.code if finish is not None else None
@@ -235,13 +243,13 @@ class RunDriver:
             self.thread_id,
             code or outcome,
             self._events,
-            self._bytes,
+            sent,
             duration,
             extra={
                 "outcome": outcome,
                 "error_code": code,
                 "events_sent": self._events,
-                "bytes_sent": self._bytes,
+                "bytes_sent": sent,
                 "duration_seconds": round(duration, 6),
             },
         )
