@@ -26,6 +26,7 @@ from .i18n import SUPPORTED_LANGUAGES, normalize_language
 SECTION = "agui-adapter"
 KERNEL_CHOICES = ("auto", "iac-code", "scripted")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,7 @@ class Settings:
     default_language: str = "en"
     allowed_cwds: str = ""
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one JSON object per line (``logs.py``)
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
@@ -86,6 +88,7 @@ ENV_NAMES: dict[str, str] = {
     "default_language": "IAC_CODE_AGUI_DEFAULT_LANGUAGE",
     "allowed_cwds": "IAC_CODE_AGUI_ALLOWED_CWDS",
     "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
+    "log_format": "IAC_CODE_AGUI_LOG_FORMAT",
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
     "thread_retention_days": "IAC_CODE_AGUI_THREAD_RETENTION_DAYS",
@@ -175,6 +178,10 @@ def _coerce(name: str, value: Any) -> Any:
         text = text.lower()
         if text not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {text!r}.")
+    if name == "log_format":
+        text = text.lower()
+        if text not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {text!r}.")
     if name == "default_language":
         language = normalize_language(text)
         if language is None:

@@ -13,6 +13,14 @@ The run lock is released in one place, ``_release``, reached through the machine
 first write, ``close()`` asks the machine, ``client_gone``, and carries out its answer
 the same way) and through ``release_now``, by which the cancel extension frees the
 thread at once even while this run's writer is blocked on a client that stopped reading.
+
+What operators see of a run is counted here too, cheaply: events and bytes per written
+chunk (one add each, never per event), the time to the first event after RUN_STARTED,
+the outcome at ``Finish`` (``metrics``), a client gone before the end; and one log line
+sums the run up (outcome, error code, events, bytes, duration) just before its final
+chunk is handed to the server, or when the body is closed if none was (abandoned).
+While the body is iterated or closed, ``RUN_IDS`` holds the run's thread and run ids, so
+every log line of the run (the machine's, the kernel pump's) carries them (``logs``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from . import events as ev
 from . import run_effects as fx
 from .a2a import FrameReader, KernelRejected, KernelUnavailable
 from .events import Event
+from .logs import RUN_IDS
 from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
 from .record import Mutation, RetireExecution, StaleExecution
 from .run_machine import RunMachine
@@ -56,26 +65,47 @@ class RunDriver:
         self._body = self._stream()
         self._shutdown = threading.Event()
         self._clock: Callable[[], float] = engine.clock
+        self._metrics = engine.metrics
+        self._ids = (self.thread_id, self.run_id)
+        self._admitted = time.monotonic()
+        self._events = 0  # events encoded for the client
+        self._bytes = 0  # bytes handed to the server (heartbeats included)
+        self._finish: fx.Finish | None = None
+        self._duration: float | None = None
+        self._summarized = False
 
     # ------------------------------------------------------------------ WSGI iterable
     def __iter__(self) -> RunDriver:
         return self
 
     def __next__(self) -> bytes:
-        return next(self._body)
+        token = RUN_IDS.set(self._ids)
+        try:
+            chunk = next(self._body)
+        finally:
+            RUN_IDS.reset(token)
+        self._bytes += len(chunk)
+        return chunk
 
     def close(self) -> None:
         """End of the response: the client left, the server closed it, or the run is over."""
+        token = RUN_IDS.set(self._ids)
         try:
             try:
                 self._body.close()
             finally:
                 if not self.machine.ended:
+                    self._metrics.client_disconnected()
                     self._carry_out_quietly(self.machine.client_gone(self._clock()))
                 if self._pump is not None:
                     self._pump.stop()
         finally:
-            self.engine.run_ended(self)
+            try:
+                self.engine.run_ended(self)
+                if not self._summarized:  # abandoned: no final chunk was written
+                    self._log_summary(self._bytes)
+            finally:
+                RUN_IDS.reset(token)
 
     def shut_down(self) -> None:
         """From another thread: end the run now with its final event (``shutting_down``)."""
@@ -90,7 +120,7 @@ class RunDriver:
         out: list[Event] = []
         yield from self._carry_out(machine.start(self._clock()), out)
         if out:
-            yield ev.encode_many(out)
+            yield self._encode(out)
         heartbeat = self.engine.settings.heartbeat_seconds
         while not machine.ended:
             assert self._pump is not None
@@ -101,7 +131,7 @@ class RunDriver:
             out = []
             if self._shutdown.is_set():
                 yield from self._carry_out(machine.shutting_down(self._clock()), out)
-                yield ev.encode_many(out)
+                yield self._encode(out)
                 return
             if not items:
                 yield ev.HEARTBEAT
@@ -140,7 +170,7 @@ class RunDriver:
                     else:
                         yield from self._carry_out(effects, out)
             if out:
-                yield ev.encode_many(out)
+                yield self._encode(out)
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order; events go to ``out`` (written by the caller), except
@@ -153,10 +183,23 @@ class RunDriver:
                     out.extend(effect.events)  # type: ignore[union-attr]
                     continue
                 if kind in fx.KERNEL_REQUESTS and out:
-                    yield ev.encode_many(out)
+                    yield self._encode(out)
                     out.clear()
                 reply = self._perform(effect)
             effects = self.machine.replied(reply, self._clock()) if reply is not None else []
+
+    def _encode(self, out: list[Event]) -> bytes:
+        """One chunk of events, counted (per chunk, not per event)."""
+        count = len(out)
+        before = self._events
+        self._events = before + count
+        self._metrics.events_sent(count)
+        if before < 2 <= self._events:  # the first event after RUN_STARTED
+            self._metrics.first_event(time.monotonic() - self._admitted)
+        chunk = ev.encode_many(out)
+        if self._finish is not None:  # the final events: sum the run up before the client sees its end
+            self._log_summary(self._bytes + len(chunk))
+        return chunk
 
     def _carry_out_quietly(self, effects: list[fx.Effect]) -> None:
         """Effects of a run nobody reads any more: no events, no requests."""
@@ -195,8 +238,35 @@ class RunDriver:
         elif isinstance(effect, fx.ReleaseThread):
             self._release()
         elif isinstance(effect, fx.Finish):
-            log.info("run %s on thread %s: %s", self.run_id, self.thread_id, effect.code or effect.outcome.value)
+            self._finish = effect
+            self._duration = time.monotonic() - self._admitted
+            self._metrics.run_finished(effect.outcome.value, effect.code, self._duration)
         return None
+
+    def _log_summary(self, sent: int) -> None:
+        """The run's one summary line (its fields also as structured extras for JSON logs);
+        ``sent``: the bytes of the whole stream, its final chunk included."""
+        self._summarized = True
+        finish = self._finish
+        outcome = finish.outcome.value if finish is not None else "abandoned"
+        code = finish.code if finish is not None else None
+        duration = self._duration if self._duration is not None else time.monotonic() - self._admitted
+        log.info(
+            "run %s on thread %s: %s, %d events, %d bytes, %.3f s",
+            self.run_id,
+            self.thread_id,
+            code or outcome,
+            self._events,
+            sent,
+            duration,
+            extra={
+                "outcome": outcome,
+                "error_code": code,
+                "events_sent": self._events,
+                "bytes_sent": sent,
+                "duration_seconds": round(duration, 6),
+            },
+        )
 
     def _persist(self, effect: fx.Persist) -> fx.Reply | None:
         try:

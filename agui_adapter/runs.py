@@ -31,6 +31,7 @@ from .a2a import KernelClient, KernelRejected, KernelUnavailable
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError, Code
+from .metrics import Metrics
 from .record import Execution, RetireExecution, ThreadRecord
 from .run_driver import RunDriver
 from .run_effects import Mode
@@ -84,11 +85,13 @@ class RunEngine:
         *,
         clock: Callable[[], float] = time.time,
         env: dict[str, str] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.kernel = kernel
         self.settings = settings
         self.clock = clock
+        self.metrics = metrics if metrics is not None else Metrics()
         self._env = dict(os.environ if env is None else env)
         self._live: dict[RunDriver, Callable[[], None] | None] = {}  # open runs -> their slot release
         self._live_lock = threading.Lock()
@@ -247,12 +250,16 @@ class RunEngine:
         driver = RunDriver(self, admission, machine)
         with self._live_lock:
             self._live[driver] = admission.release_slot
+        self.metrics.run_opened()
         return driver
 
     def run_ended(self, driver: RunDriver) -> None:
         """A run's body was closed: it leaves the live runs and gives its slot back."""
         with self._live_lock:
+            live = driver in self._live
             release_slot = self._live.pop(driver, None)
+        if live:
+            self.metrics.run_closed()
         if release_slot is not None:
             release_slot()
 

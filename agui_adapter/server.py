@@ -16,10 +16,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, logs
 from .a2a import KernelClient
-from .config import KERNEL_CHOICES, LOG_LEVELS, ConfigError, Settings, load_settings
+from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
 from .kernels import KernelProcess, KernelStartError, start_kernel
+from .metrics import Metrics
 from .retention import start_retention
 from .runs import RunEngine
 from .serving import ServerLimits, WSGIServer
@@ -33,7 +34,8 @@ def build_app(settings: Settings, kernel: KernelProcess) -> AguiApp:
     """The WSGI application for these settings, talking to ``kernel``."""
     client = KernelClient(kernel.url, kernel.token or None)
     store = ThreadStore(settings.resolved_state_dir())
-    engine = RunEngine(store, client, settings)
+    metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
+    engine = RunEngine(store, client, settings, metrics=metrics)
     return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
 
 
@@ -47,13 +49,9 @@ def server_limits(settings: Settings) -> ServerLimits:
     )
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Root logging at ``level``, as text lines or JSON lines (``logs.py``)."""
+    logs.configure(level, log_format)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -79,6 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS, help="text (default) or json lines")
     parser.add_argument(
         "--keepalive-timeout-seconds", dest="keepalive_timeout_seconds", help="idle keep-alive connection lifetime (5)"
     )
@@ -105,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"agui-adapter: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         kernel = start_kernel(settings)
     except (KernelStartError, ValueError) as exc:

@@ -43,6 +43,7 @@ from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError, Code
 from .i18n import negotiate_language, translate
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .runs import RunEngine
 from .validation import check_json_text, check_thread_header, preferred_language_hint, validate_run_input
 
@@ -53,6 +54,8 @@ MAX_CANCEL_BODY = 64 * 1024
 _READ_CHUNK = 64 * 1024
 
 StartResponse = Callable[..., Any]
+#: The matched endpoint's name, kept in the environ for the HTTP requests metric (never the raw path).
+ROUTE_KEY = "agui_adapter.route"
 
 MAX_REQUEST_ID = 128
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -173,6 +176,7 @@ URLS = Map(
     [
         Rule("/health", endpoint="health", methods=["GET"]),
         Rule("/ready", endpoint="ready", methods=["GET"]),
+        Rule("/metrics", endpoint="metrics", methods=["GET"]),
         Rule("/", endpoint="run", methods=["POST"]),
         Rule("/", endpoint="console", methods=["GET"]),
         Rule(
@@ -219,6 +223,7 @@ class AguiApp:
         edge_headers = [(REQUEST_ID_HEADER, request_id), *self.cors.response_headers(origin)]
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            self.engine.metrics.http_request(environ.get(ROUTE_KEY, "unmatched"), status[:3])
             return start_response(status, list(headers) + edge_headers, exc_info)
 
         token = REQUEST_ID.set(request_id)
@@ -244,6 +249,7 @@ class AguiApp:
         try:
             adapter = URLS.bind_to_environ(environ)
             endpoint, args = adapter.match()
+            environ[ROUTE_KEY] = endpoint
         except NotFound:
             return self._error(start_response, language, AguiError(Code.NOT_FOUND, msg.NOT_FOUND))
         except MethodNotAllowed as exc:
@@ -261,6 +267,8 @@ class AguiApp:
                 return self.health(start_response)
             if endpoint == "ready":
                 return self.ready(start_response, language)
+            if endpoint == "metrics":
+                return self.metrics(environ, start_response)
             if endpoint == "run":
                 return self.run(environ, start_response, language)
             if endpoint == "console":
@@ -285,6 +293,7 @@ class AguiApp:
             break
         if not methods:
             return None
+        environ[ROUTE_KEY] = "preflight"
         headers = [("Allow", methods)]
         if self.cors.allows(origin):
             headers += [
@@ -401,6 +410,14 @@ class AguiApp:
             return json_response(start_response, 200, {"status": "ready"})
         return self._error(start_response, language, AguiError(Code.A2A_UNAVAILABLE, msg.KERNEL_NOT_READY))
 
+    def metrics(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """Prometheus text exposition (``metrics.py``); the bearer token is required when one is set."""
+        self._check_auth(environ)
+        body = self.engine.metrics.render()
+        headers = [("Content-Type", METRICS_CONTENT_TYPE), ("Cache-Control", "no-store")]
+        start_response("200 OK", headers + [("Content-Length", str(len(body)))])
+        return [body]
+
     def console(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> list[bytes]:
         """The console page for a browser's ``GET /``; any other request keeps the JSON 405."""
         if environ.get("REQUEST_METHOD") != "GET" or not console_page.wants_page(environ.get("HTTP_ACCEPT", "")):
@@ -427,7 +444,8 @@ class AguiApp:
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
-        log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode)
+        ids = {"thread_id": run_input.thread_id, "run_id": run_input.run_id}
+        log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode, extra=ids)
         body = self.engine.stream(admission)
         try:
             start_response("200 OK", list(SSE_HEADERS))

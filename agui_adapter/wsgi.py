@@ -8,6 +8,9 @@ every worker sees the same conversations (the state directory is already shared
 safely through file locks). A worker's kernel child stops with the worker however the
 worker ends (a worker killed on timeout included): see ``lifeline.py``.
 
+With several worker processes, ``/metrics`` gives the totals of all of them when
+``PROMETHEUS_MULTIPROC_DIR`` is set and prometheus_client is installed (see ``metrics.py``).
+
 Serve with threads (gunicorn ``-k gthread --threads N``, waitress ``--threads N``):
 every open SSE stream holds one worker thread for its whole life.
 """
@@ -22,7 +25,7 @@ from .retention import start_retention
 from .server import build_app, configure_logging
 
 _settings = load_settings()
-configure_logging(_settings.log_level)
+configure_logging(_settings.log_level, _settings.log_format)
 _kernel = start_kernel(_settings)
 atexit.register(_kernel.stop)
 

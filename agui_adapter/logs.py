@@ -1,0 +1,91 @@
+"""Log formats: the human ``text`` lines, or ``json`` lines for log pipelines.
+
+An operator's log pipeline wants one JSON object per line with fixed keys, so that a
+run can be followed by its ids rather than by grepping free text. ``--log-format json``
+(``IAC_CODE_AGUI_LOG_FORMAT``) writes, for every record: ``time`` (UTC, ISO 8601, ms),
+``level``, ``logger``, ``message``, ``request_id`` (set on records by the HTTP edge,
+``web.install_request_id_logging``), ``thread_id`` and ``run_id`` (the AG-UI ids of the
+run being carried out, from ``RUN_IDS``, which ``run_driver`` sets while it iterates or
+closes a run's body; the kernel pump inherits it), ``pid``, and ``exception`` when there is
+one. The unknown ones are ``null``. The one line ``run_driver`` writes when a run ends
+adds ``outcome``, ``error_code``, ``events_sent``, ``bytes_sent`` and ``duration_seconds``.
+
+Neither format adds anything a log call did not already say: no secret reaches a log
+line through here (the session-wide secrets check of the tests reads both).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import time
+from typing import Any
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: (AG-UI thread id, run id) of the run whose body is being iterated on this thread.
+RUN_IDS: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("agui_run_ids", default=None)
+
+#: Structured fields a log call may pass with ``extra=`` (the per-run summary line).
+RUN_FIELDS = ("outcome", "error_code", "events_sent", "bytes_sent", "duration_seconds")
+
+
+class RunContext(logging.Filter):
+    """Puts the current run's ids on every record (``thread_id``, ``run_id``; None outside a run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "run_id", None) is None:
+            ids = RUN_IDS.get()
+            record.thread_id, record.run_id = ids if ids is not None else (None, None)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        request_id = getattr(record, "request_id", None)
+        if not request_id or request_id == "-":
+            request_id = None
+        else:
+            # the edge's record factory also appends the id to the message, for text logs
+            suffix = f" [request {request_id}]"
+            if message.endswith(suffix):
+                message = message[: -len(suffix)]
+        entry: dict[str, Any] = {
+            "time": _utc(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": message,
+            "request_id": request_id,
+            "thread_id": getattr(record, "thread_id", None),
+            "run_id": getattr(record, "run_id", None),
+            "pid": record.process,
+        }
+        for name in RUN_FIELDS:
+            if hasattr(record, name):
+                entry[name] = getattr(record, name)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def _utc(created: float) -> str:
+    seconds = int(created)
+    millis = int((created - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def configure(level: str, log_format: str = "text") -> None:
+    """Root logging on stderr in the chosen format (a no-op when logging is configured already)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RunContext())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)

@@ -1,0 +1,267 @@
+"""``GET /metrics`` over real sockets: what a scrape says after real runs.
+
+The in-process adapter has its own built-in registry (a fresh one per adapter), so the
+counts are exact: a turn, an interrupt, an error and a disconnect end as success,
+interrupt, error and abandoned; every event a client read was counted once; the
+histograms hold one observation per run. The bearer token guards ``/metrics`` like
+``POST /``. The multiprocess path (prometheus_client, ``PROMETHEUS_MULTIPROC_DIR``) is
+checked with two ``python run.py`` processes sharing the directory: a scrape of either
+gives the totals of both. Every scrape is parsed with prometheus_client's own parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from agui_adapter.kernels import KernelProcess
+from tests.support.agui_client import Client, run_body
+from tests.support.flow import KERNEL_TOKEN, interrupted
+from tests.support.ports import free_port
+from tests.support.secrets import STATE_DIRS
+from tests.support.servers import InProcessAdapter
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _parser() -> Any:
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:  # the test extra has it
+        if os.environ.get("CI") == "true":
+            pytest.fail("prometheus_client is not installed (pip install -e .[test])")
+        pytest.skip("prometheus_client is not installed (pip install -e .[test])")
+    return text_string_to_metric_families
+
+
+def scrape(url: str, token: str | None = None) -> Samples:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    session = requests.Session()
+    session.trust_env = False
+    response = session.get(url.rstrip("/") + "/metrics", headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples: Samples = {}
+    families = {}
+    for family in _parser()(response.text):
+        families[family.name] = family.type
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    # every series of the issue is there, with its type
+    assert families["agui_runs_active"] == "gauge"
+    assert families["agui_kernel_up"] == "gauge"
+    assert families["agui_run_first_event_seconds"] == "histogram"
+    assert families["agui_run_duration_seconds"] == "histogram"
+    for counter in ("agui_runs", "agui_run_errors", "agui_http_requests", "agui_events_sent"):
+        assert families[counter] == "counter", counter
+    assert families["agui_sse_clients_disconnected"] == "counter"
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def histogram(samples: Samples, name: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(le, cumulative count) in order, the sum and the count of an unlabelled histogram."""
+    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in samples.items() if k[0] == name + "_bucket")
+    return buckets, value(samples, name + "_sum"), value(samples, name + "_count")
+
+
+def check_histogram(samples: Samples, name: str, count: int) -> None:
+    buckets, total, observed = histogram(samples, name)
+    assert observed == count, (name, observed)
+    assert buckets[-1] == (float("inf"), count)
+    counts = [c for _, c in buckets]
+    assert counts == sorted(counts), f"{name} buckets are not cumulative: {counts}"
+    assert total > 0
+
+
+def _open_silent_run(url: str, workspace: Path) -> tuple[socket.socket, bytes]:
+    """A run whose kernel goes silent after its session event, read up to a heartbeat
+    (so that every event encoded so far has arrived)."""
+    body = run_body("[SILENT 100] [SLOW]", cwd=str(workspace))  # 5 s of kernel silence
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    data = b""
+    sock.settimeout(10)
+    while b"iac-code.session.v1" not in data or b": heartbeat" not in data.split(b"iac-code.session.v1")[1]:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    return sock, data
+
+
+def _wait_idle(url: str) -> None:
+    """Until the runs that were read to their end have left the live runs (the server closes
+    a body just after writing its last chunk, so a client can be a little ahead)."""
+    deadline = time.monotonic() + 10
+    while value(scrape(url), "agui_runs_active") != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _wait_for_the_abandoned_run(url: str) -> Samples:
+    """A scrape once the disconnected run has ended and left the live runs (two steps of
+    its ``close()``, which runs on the server's thread after the failed write)."""
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(url)
+        ended = value(samples, "agui_runs_total", outcome="abandoned") == 1.0
+        if (ended and value(samples, "agui_runs_active") == 0.0) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_a_scrape_counts_runs_by_outcome_events_and_latencies(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter(heartbeat_seconds=0.2)
+    client = adapter.client()
+    before = scrape(adapter.url)
+    assert value(before, "agui_kernel_up") == 1.0
+    for outcome in ("success", "interrupt", "error", "abandoned"):
+        assert value(before, "agui_runs_total", outcome=outcome) == 0.0  # every outcome exists at 0
+    assert value(before, "agui_runs_active") == 0.0
+
+    turn = client.run(run_body("[THINK] [TOOL] hello", cwd=str(workspace)))
+    assert turn.terminal["type"] == "RUN_FINISHED"
+    _, interrupt = interrupted(client, workspace)
+    failed = client.run(run_body("[FAIL]", cwd=str(workspace)))
+    assert failed.terminal["type"] == "RUN_ERROR"
+    code = failed.terminal["code"]
+
+    _wait_idle(adapter.url)
+    sock, data = _open_silent_run(adapter.url, workspace)
+    during = scrape(adapter.url)
+    assert value(during, "agui_runs_active") == 1.0
+    sock.close()  # the client goes away mid-run
+    after = _wait_for_the_abandoned_run(adapter.url)
+
+    assert value(after, "agui_runs_total", outcome="success") == 1.0
+    assert value(after, "agui_runs_total", outcome="interrupt") == 1.0
+    assert value(after, "agui_runs_total", outcome="error") == 1.0
+    assert value(after, "agui_runs_total", outcome="abandoned") == 1.0
+    assert value(after, "agui_run_errors_total", code=code) == 1.0
+    assert sum(v for k, v in after.items() if k[0] == "agui_run_errors_total") == 1.0
+    assert value(after, "agui_sse_clients_disconnected_total") == 1.0
+    assert value(after, "agui_runs_active") == 0.0
+    read = len(turn.events) + len(interrupt.events) + len(failed.events) + data.count(b"\ndata: ")
+    assert data.startswith(b"HTTP/1.1 200") and read > len(turn.events) + len(interrupt.events) + len(failed.events)
+    assert value(after, "agui_events_sent_total") == read  # every event written, counted once
+    check_histogram(after, "agui_run_first_event_seconds", 4)
+    check_histogram(after, "agui_run_duration_seconds", 4)
+    # the silent run lasted until its client left (at least one heartbeat), longer than the rest
+    buckets, total, _ = histogram(after, "agui_run_duration_seconds")
+    assert total >= 0.2
+    # HTTP requests by route (the endpoint, never the path) and status
+    assert value(after, "agui_http_requests_total", route="run", status="200") == 4.0
+    assert value(after, "agui_http_requests_total", route="metrics", status="200") >= 3.0
+
+
+def test_http_requests_are_counted_by_endpoint_and_status(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter()
+    session = requests.Session()
+    session.trust_env = False
+    assert session.get(adapter.url + "health", timeout=5).status_code == 200
+    assert session.get(adapter.url + "no/such/path-12345", timeout=5).status_code == 404
+    assert session.put(adapter.url + "health", timeout=5).status_code == 405
+    bad = adapter.client().run(b"{not json")
+    assert bad.status == 400
+    execution = adapter.url + "extensions/iac-code/v1/executions/exec-unknown/cancel"
+    gone = session.post(execution, json={"threadId": "t-none", "rosInvocationId": "inv-1"}, timeout=5)
+    assert gone.status_code == 404
+    samples = scrape(adapter.url)
+    assert value(samples, "agui_http_requests_total", route="health", status="200") == 1.0
+    assert value(samples, "agui_http_requests_total", route="unmatched", status="404") == 1.0
+    assert value(samples, "agui_http_requests_total", route="unmatched", status="405") == 1.0
+    assert value(samples, "agui_http_requests_total", route="run", status="400") == 1.0
+    assert value(samples, "agui_http_requests_total", route="cancel", status="404") == 1.0
+    routes = {dict(k[1])["route"] for k in samples if k[0] == "agui_http_requests_total"}
+    assert routes <= {"health", "unmatched", "run", "cancel", "metrics"}, routes  # no raw path
+    # a run refused before the stream is not a run
+    assert sum(v for k, v in samples.items() if k[0] == "agui_runs_total") == 0.0
+
+
+def test_metrics_need_the_bearer_token_when_one_is_set(make_adapter: Any) -> None:
+    token = "metrics-bearer-token-77"
+    adapter = make_adapter(auth_token=token)
+    session = requests.Session()
+    session.trust_env = False
+    for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": token}):
+        refused = session.get(adapter.url + "metrics", headers=headers, timeout=5)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "UNAUTHORIZED"
+        assert b"agui_" not in refused.content
+    samples = scrape(adapter.url, token)
+    assert value(samples, "agui_http_requests_total", route="metrics", status="401") == 3.0
+    # /health stays open
+    assert session.get(adapter.url + "health", timeout=5).status_code == 200
+
+
+def test_a_kernel_that_is_down_shows_and_its_runs_count_as_errors(tmp_path: Path, workspace: Path) -> None:
+    from dataclasses import replace
+
+    from agui_adapter.config import Settings
+
+    settings = replace(Settings(), state_dir=str(tmp_path / "state"), allowed_cwds=str(tmp_path))
+    STATE_DIRS.append(tmp_path / "state")
+    dead = KernelProcess(f"http://127.0.0.1:{free_port()}/", KERNEL_TOKEN, "scripted")
+    adapter = InProcessAdapter(settings, dead)
+    try:
+        samples = scrape(adapter.url)
+        assert value(samples, "agui_kernel_up") == 0.0
+        result = Client(adapter.url).run(run_body("hello", cwd=str(workspace)))
+        assert result.terminal["type"] == "RUN_ERROR"
+        samples = scrape(adapter.url)
+        assert value(samples, "agui_runs_total", outcome="error") == 1.0
+        assert value(samples, "agui_run_errors_total", code=result.terminal["code"]) == 1.0
+        assert result.terminal["code"] == "A2A_UNAVAILABLE"
+    finally:
+        adapter.stop()
+
+
+def test_one_scrape_gives_the_totals_of_every_process(adapter_process: Any, tmp_path: Path, workspace: Path) -> None:
+    """prometheus_client's multiprocess mode: two adapter processes, one directory."""
+    _parser()
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    first = adapter_process("--heartbeat-seconds", "0.2", env=env)
+    second = adapter_process("--heartbeat-seconds", "0.2", env=env)
+    try:
+        events = 0
+        for process, text in ((first, "hello"), (second, "hello"), (second, "[FAIL]")):
+            result = Client(process.url).run(run_body(text, cwd=str(workspace)))
+            assert result.status == 200
+            events += len(result.events)
+        _wait_idle(first.url)
+        sock, data = _open_silent_run(second.url, workspace)
+        events += data.count(b"\ndata: ")
+        assert value(scrape(first.url), "agui_runs_active") == 1.0  # the other process's open run
+        sock.close()
+        for process in (first, second):
+            samples = _wait_for_the_abandoned_run(process.url)
+            assert value(samples, "agui_runs_total", outcome="success") == 2.0
+            assert value(samples, "agui_runs_total", outcome="error") == 1.0
+            assert value(samples, "agui_runs_total", outcome="abandoned") == 1.0
+            assert value(samples, "agui_events_sent_total") == events
+            assert value(samples, "agui_http_requests_total", route="run", status="200") == 4.0
+            assert value(samples, "agui_sse_clients_disconnected_total") == 1.0
+            assert value(samples, "agui_runs_active") == 0.0
+            assert value(samples, "agui_kernel_up") == 1.0
+            check_histogram(samples, "agui_run_duration_seconds", 4)
+            check_histogram(samples, "agui_run_first_event_seconds", 4)
+        assert len({p.name.rsplit("_", 1)[-1] for p in directory.glob("counter_*.db")}) == 2  # one file per process
+    except AssertionError as exc:  # say what the two processes logged
+        logs = b"\n".join(p.log[-3000:] for p in (first, second)).decode(errors="replace")
+        raise AssertionError(f"{exc}\n--- adapter logs ---\n{logs}") from exc
