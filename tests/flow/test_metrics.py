@@ -87,7 +87,7 @@ def check_histogram(samples: Samples, name: str, count: int) -> None:
 def _open_silent_run(url: str, workspace: Path) -> tuple[socket.socket, bytes]:
     """A run whose kernel goes silent after its session event, read up to a heartbeat
     (so that every event encoded so far has arrived)."""
-    body = run_body("[SILENT 100] [SLOW]", cwd=str(workspace))  # 5 s of kernel silence
+    body = run_body("[SILENT 600] [SLOW]", cwd=str(workspace))  # 30 s of kernel silence: nothing unread
     host, port = url.split("//")[1].rstrip("/").split(":")
     payload = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
