@@ -102,17 +102,6 @@ class KernelStream:
             with self._lock:
                 self._done = True
 
-    def batches(self) -> Iterator[list[Any]]:
-        """Decoded frames, one list per network read."""
-        reader = FrameReader()
-        for chunk in self.chunks():
-            frames = reader.feed(chunk)
-            if frames:
-                yield frames
-        tail = reader.close()
-        if tail:
-            yield tail
-
     @property
     def closed(self) -> bool:
         with self._lock:

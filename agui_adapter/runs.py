@@ -99,9 +99,6 @@ class RunEngine:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
         self._run_slots = threading.BoundedSemaphore(settings.max_runs)
 
-    def _now_ms(self) -> int:
-        return int(self.clock() * 1000)
-
     def allowed_roots(self) -> list[Path]:
         return allowed_roots(self._env, os.getcwd(), tempfile.gettempdir())
 
