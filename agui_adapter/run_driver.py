@@ -5,8 +5,9 @@ owns everything that touches the world: the kernel pump and client, the thread s
 the thread's run lock, the clock and the SSE bytes. It feeds the machine, performs
 the effects in the order given, answers the requests at once, and writes what is to
 be written as one chunk per wake-up (``: heartbeat`` comments while the kernel is
-silent). Events already decided are written before a kernel call that may take a
-while (RUN_STARTED before a Resume's checks, say).
+silent). Events already decided are written before a disk write or a kernel call that
+may take a while (RUN_STARTED before a Resume's checks, a run's last deltas before the
+write that records its end).
 
 The run lock is released in one place, ``_release``, reached through the machine's
 ``ReleaseThread`` (when the client goes away, or the server closes the body before its
@@ -174,7 +175,7 @@ class RunDriver:
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order; events go to ``out`` (written by the caller), except
-        that what is already decided is written before a kernel call."""
+        that what is already decided is written before a disk write or a kernel call."""
         while effects:
             reply: fx.Reply | None = None
             for effect in effects:
@@ -182,8 +183,8 @@ class RunDriver:
                 if kind is fx.Emit:
                     out.extend(effect.events)  # type: ignore[union-attr]
                     continue
-                if kind in fx.KERNEL_REQUESTS and out:
-                    yield self._encode(out)
+                if out and (kind is fx.Persist or kind in fx.KERNEL_REQUESTS):
+                    yield self._encode(out)  # what is decided goes out before a disk write or a kernel call
                     out.clear()
                 reply = self._perform(effect)
             effects = self.machine.replied(reply, self._clock()) if reply is not None else []
