@@ -32,10 +32,11 @@ The order rules of the contract live here, and only here:
    ``RUN_FINISHED`` at once is never told THREAD_BUSY.
 4. **Every span is closed before the terminal event** (``RunTranslator.finish`` and
    ``fail`` close them), so a ``RUN_ERROR`` never leaves a START without its END.
-5. **Cancel on disconnect**: a client that goes away during a live run gets its
-   kernel task cancelled and the execution retired, unless interrupts are pending
-   (they stay answerable); if the task id is not known yet, it is cancelled as soon
-   as the reader learns it. Guidance never cancels: the pipeline belongs to its run.
+5. **Cancel on disconnect**: a client that goes away during a live run gives its
+   thread back at once, then gets its kernel task cancelled and the execution
+   retired, unless interrupts are pending (they stay answerable); if the task id is
+   not known yet, it is cancelled as soon as the reader learns it. Guidance never
+   cancels: the pipeline belongs to its run.
 6. **No dead ends**: when the kernel no longer has the task or the session the thread
    is bound to (it restarted, or lost them), the run ends with ``EXECUTION_LOST`` and,
    in the same write, the execution and its pending interrupts are retired and a lost
@@ -261,9 +262,9 @@ class RunMachine:
         self._clock(now)
         if self.ended:
             return []
-        self._stop_kernel_work("client went away")
+        self._let_go("client went away")
         self.phase, self.outcome = Phase.ENDED, Outcome.ABANDONED
-        self._effects += [ReleaseThread(), Finish(Outcome.ABANDONED)]
+        self._effects.append(Finish(Outcome.ABANDONED))
         return self._take()
 
     def shutting_down(self, now: float) -> list[Effect]:
@@ -272,25 +273,26 @@ class RunMachine:
         self._clock(now)
         if self.ended:
             return []
-        self._stop_kernel_work("the adapter is shutting down")
+        self._let_go("the adapter is shutting down")
         events = self.translator.fail(self._ts, Code.CANCELLED, self._t(msg.SHUTTING_DOWN))
-        self._effects += [ReleaseThread(), Emit(events), Finish(Outcome.ERROR, Code.CANCELLED)]
+        self._effects += [Emit(events), Finish(Outcome.ERROR, Code.CANCELLED)]
         self.phase, self.outcome = Phase.ENDED, Outcome.ERROR
         return self._take()
 
-    def _stop_kernel_work(self, why: str) -> None:
-        """Rule 5: cancel the kernel task and retire the execution, unless interrupts are
-        pending (they stay answerable) or the run is guidance (the pipeline is not its own)."""
+    def _let_go(self, why: str) -> None:
+        """Rule 5: stop reading and give the thread back at once, then cancel the kernel task
+        and retire the execution, unless interrupts are pending (they stay answerable) or the
+        run is guidance (the pipeline is not its own). A next run that starts before the
+        retirement is written finds the task stale and stops it first; the retirement itself
+        names this execution, so it never touches the next one."""
+        self._effects += [StopStream(), ReleaseThread()]
         started = self.phase is not Phase.READY
         if started and self.mode is not Mode.GUIDANCE and not self.record.execution.waiting:
             log.info("run %s: %s; cancelling the kernel task", self.run_input.run_id, why)
             if self.task_id:
-                self._effects.append(StopStream())
                 self._cancel_and_retire()
             else:
                 self._effects.append(CancelWhenKnown(self.execution_id))
-        else:
-            self._effects.append(StopStream())
 
     def replied(self, reply: Reply, now: float) -> list[Effect]:
         """The answer to the request that ended the last batch of effects."""
