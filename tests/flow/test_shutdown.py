@@ -7,7 +7,6 @@ process exits within the grace period plus 5 s, with no kernel child left behind
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -16,46 +15,10 @@ from typing import Any
 
 import requests
 
-from tests.support.agui_client import run_body
-from tests.support.agui_stream import check_stream, parse_sse
+from tests.support.agui_client import Client, LiveStream, run_body
 from tests.support.flow import kernel_calls
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
 from tests.support.servers import AdapterProcess
-
-
-class OpenRun:
-    """A run read incrementally, so that the adapter can be signalled while it streams."""
-
-    def __init__(self, url: str, body: dict[str, Any]) -> None:
-        self.response = requests.post(
-            url,
-            data=json.dumps(body),
-            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-            stream=True,
-            timeout=30,
-        )
-        assert self.response.status_code == 200, self.response.text
-        self.chunks = self.response.iter_content(chunk_size=None)
-        self.raw = b""
-
-    def read_until(self, marker: bytes) -> None:
-        while marker not in self.raw:
-            self.raw += next(self.chunks)
-
-    def finish(self) -> list[dict[str, Any]]:
-        for chunk in self.chunks:
-            self.raw += chunk
-        events = parse_sse(self.raw)
-        check_stream(events)
-        return events
-
-    def task_id(self) -> str:
-        self.read_until(b"iac-code.session.v1")
-        at = self.raw.index(b"iac-code.session.v1")
-        self.read_until(self.raw[at:].split(b"\n\n")[0] + b"\n\n")
-        events = parse_sse(self.raw[: self.raw.index(b"\n\n", at) + 2])
-        [event] = [e for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.session.v1"]
-        return str(event["value"]["taskId"])
 
 
 def sigterm_and_wait(adapter: AdapterProcess, limit: float) -> float:
@@ -70,9 +33,9 @@ def test_sigterm_ends_open_runs_with_a_final_event_and_cancels_their_tasks(
     adapter_process: Any, scripted_kernel: Any, tmp_path: Path
 ) -> None:
     adapter = adapter_process("--shutdown-grace-seconds", "1")
-    silent = OpenRun(adapter.url, run_body("[SILENT 600] think", cwd=str(tmp_path / "a")))
-    talking = OpenRun(adapter.url, run_body("[THINK] [SILENT 300] ponder", cwd=str(tmp_path / "b")))
-    tasks = [silent.task_id(), talking.task_id()]
+    silent = LiveStream(Client(adapter.url), run_body("[SILENT 600] think", cwd=str(tmp_path / "a")))
+    talking = LiveStream(Client(adapter.url), run_body("[THINK] [SILENT 300] ponder", cwd=str(tmp_path / "b")))
+    tasks = [silent.session()["taskId"], talking.session()["taskId"]]
     elapsed = sigterm_and_wait(adapter, 1 + 5)
     assert adapter.proc is not None and adapter.proc.returncode == 0
     assert elapsed < 1 + 5
@@ -87,8 +50,8 @@ def test_sigterm_ends_open_runs_with_a_final_event_and_cancels_their_tasks(
 
 def test_a_run_that_ends_within_the_grace_period_finishes_normally(adapter_process: Any, tmp_path: Path) -> None:
     adapter = adapter_process("--shutdown-grace-seconds", "5")
-    run = OpenRun(adapter.url, run_body("[SLOW] count", cwd=str(tmp_path / "a")))
-    run.task_id()
+    run = LiveStream(Client(adapter.url), run_body("[SLOW] count", cwd=str(tmp_path / "a")))
+    run.session()
     sigterm_and_wait(adapter, 5 + 5)
     events = run.finish()
     assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
@@ -110,8 +73,8 @@ def test_sigterm_with_its_own_kernel_leaves_no_process(tmp_path: Path) -> None:
     assert adapter.proc is not None
     children = descendants(adapter.proc.pid)
     assert children, "no kernel child found"
-    run = OpenRun(adapter.url, run_body("[SILENT 600] think", cwd=str(tmp_path / "ws")))
-    run.task_id()
+    run = LiveStream(Client(adapter.url), run_body("[SILENT 600] think", cwd=str(tmp_path / "ws")))
+    run.session()
     sigterm_and_wait(adapter, 1 + 5)
     events = run.finish()
     assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"

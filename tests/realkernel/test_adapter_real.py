@@ -27,8 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.agui_client import Client, RunResult, resume, run_body, session_value
-from tests.support.agui_stream import RECORDER, check_stream, parse_sse
+from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
 from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
 from tests.support.images import tiny_png
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
@@ -184,48 +183,6 @@ def interrupted(
 
 def allow(interrupt: dict, decision: str = "allow_once") -> list[dict]:
     return [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": decision}}]
-
-
-class LiveStream:
-    """A run read incrementally (requests, stream=True); ``finish`` checks and records it."""
-
-    def __init__(self, client: Client, body: dict[str, Any]) -> None:
-        self.body = body
-        self.response = client.session.post(
-            client.url, data=json.dumps(body), headers=client.headers(), stream=True, timeout=60
-        )
-        self.chunks = self.response.iter_content(None)
-        self.raw = b""
-
-    @property
-    def status(self) -> int:
-        return self.response.status_code
-
-    def read_until(self, marker: bytes, timeout: float = 30.0) -> bytes:
-        deadline = time.monotonic() + timeout
-        while marker not in self.raw:
-            assert time.monotonic() < deadline, f"{marker!r} not seen in {self.raw[-500:]!r}"
-            self.raw += next(self.chunks)
-        return self.raw
-
-    def session(self) -> dict[str, Any]:
-        """The value of the session CUSTOM event (read up to the end of its frame)."""
-        self.read_until(b"iac-code.session.v1")
-        at = self.raw.index(b"iac-code.session.v1")
-        while b"\n\n" not in self.raw[at:]:
-            self.raw += next(self.chunks)
-        events = parse_sse(self.raw[: self.raw.index(b"\n\n", at) + 2])
-        [event] = [e for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.session.v1"]
-        return dict(event["value"])
-
-    def finish(self) -> list[dict[str, Any]]:
-        for chunk in self.chunks:
-            self.raw += chunk
-        self.response.close()
-        events = parse_sse(self.raw)
-        check_stream(events)
-        RECORDER.record(self.body["threadId"], self.raw)
-        return events
 
 
 # ============================================================================ 1-2: turns

@@ -7,7 +7,6 @@ requests on the thread must get through.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -16,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from tests.support.agui_client import Client, resume, run_body
-from tests.support.agui_stream import parse_sse
+from tests.support.agui_client import Client, LiveStream, resume, run_body
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
 from tests.support.servers import AdapterProcess
 
@@ -53,25 +50,6 @@ def start_adapter(real_kernel: RealKernel, tmp_path: Path) -> Iterator[Any]:
         process.stop()
 
 
-def session_when_seen(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST a run and read it until the session event; the response is left open."""
-    response = requests.post(
-        url,
-        data=json.dumps(body),
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-        stream=True,
-        timeout=60,
-    )
-    raw = b""
-    for chunk in response.iter_content(chunk_size=None):
-        raw += chunk
-        complete = raw[: raw.rfind(b"\n\n") + 2]
-        for event in parse_sse(complete):
-            if event["type"] == "CUSTOM" and event["name"] == "iac-code.session.v1":
-                return dict(event["value"])
-    raise AssertionError("the stream ended before the session event")
-
-
 def task_state(kernel: RealKernel, task_id: str) -> str:
     response = kernel.rpc("GetTask", {"id": task_id})
     return str(response["result"]["status"]["state"])
@@ -100,7 +78,8 @@ def test_a_turn_cut_by_a_kill_9_does_not_block_the_next(start_adapter: Any, real
     ws = real_kernel.workdir / f"ws-stale-{uuid.uuid4().hex[:6]}"
     adapter = start_adapter(spawn=False)  # the kernel outlives the adapter
     body = run_body("[SLOW] count slowly", cwd=str(ws))
-    session = session_when_seen(adapter.url, body)
+    live = LiveStream(Client(adapter.url), body)
+    session = live.session()
     adapter.kill()
     assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_WORKING"
     adapter = start_adapter(spawn=False)

@@ -5,12 +5,14 @@ and checked against the AG-UI 1.0 models and lifecycle rules (``check_stream``),
 the official client (``RECORDER``), and the body's secrets are remembered for the session-wide
 secrets check. ``run_body`` builds a ``RunAgentInput`` with ``forwardedProps.iacCode``,
 ``resume`` the Resume run that answers a previous run's interrupts, and ``session_value``
-reads the ``iac-code.session.v1`` event of a result.
+reads the ``iac-code.session.v1`` event of a result. ``LiveStream`` reads a run
+incrementally, for tests that act while it streams (kill, disconnect, signal, cancel).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,3 +128,49 @@ def session_value(result: RunResult) -> dict[str, Any]:
     """The value of the run's one ``iac-code.session.v1`` CUSTOM event."""
     [event] = [e for e in result.of("CUSTOM") if e["name"] == "iac-code.session.v1"]
     return dict(event["value"])
+
+
+class LiveStream:
+    """A run read incrementally (requests, stream=True); ``finish`` checks and records it."""
+
+    def __init__(self, client: Client, body: dict[str, Any]) -> None:
+        self.body = body
+        self.response = client.session.post(
+            client.url, data=json.dumps(body), headers=client.headers(), stream=True, timeout=60
+        )
+        self.chunks = self.response.iter_content(None)
+        self.raw = b""
+
+    @property
+    def status(self) -> int:
+        return self.response.status_code
+
+    def read_until(self, marker: bytes, timeout: float = 30.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while marker not in self.raw:
+            assert time.monotonic() < deadline, f"{marker!r} not seen in {self.raw[-500:]!r}"
+            self.raw += next(self.chunks)
+        return self.raw
+
+    def session(self) -> dict[str, Any]:
+        """The value of the session CUSTOM event (read up to the end of its frame)."""
+        self.read_until(b"iac-code.session.v1")
+        at = self.raw.index(b"iac-code.session.v1")
+        while b"\n\n" not in self.raw[at:]:
+            self.raw += next(self.chunks)
+        events = parse_sse(self.raw[: self.raw.index(b"\n\n", at) + 2])
+        [event] = [e for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.session.v1"]
+        return dict(event["value"])
+
+    def finish(self) -> list[dict[str, Any]]:
+        for chunk in self.chunks:
+            self.raw += chunk
+        self.response.close()
+        events = parse_sse(self.raw)
+        check_stream(events)
+        RECORDER.record(self.body["threadId"], self.raw)
+        return events
+
+    def close(self) -> None:
+        """Leave the run: the client goes away."""
+        self.response.close()
