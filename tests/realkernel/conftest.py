@@ -8,12 +8,16 @@ and are skipped otherwise, with the install command in the reason.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .harness import INSTALL_COMMAND, RealKernel, find_kernel_venv
+from tests.support.agui_client import Client
+from tests.support.servers import AdapterProcess
+
+from .harness import INSTALL_COMMAND, Adapters, RealKernel, find_kernel_venv
 
 _HERE = Path(__file__).resolve().parent
 
@@ -44,3 +48,35 @@ def real_kernel() -> Iterator[RealKernel]:
     venv = require_kernel_venv()
     with RealKernel(venv) as kernel:
         yield kernel
+
+
+@pytest.fixture(scope="module")
+def adapters(real_kernel: RealKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Adapters]:
+    root = tmp_path_factory.mktemp("adapter-real")
+    outside = tmp_path_factory.mktemp("outside-kernel-roots")
+    factory = Adapters(real_kernel, root, outside)
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def adapter(adapters: Adapters) -> AdapterProcess:
+    """The module's shared adapter process."""
+    return adapters.start()
+
+
+@pytest.fixture
+def client(adapter: AdapterProcess) -> Client:
+    return Client(adapter.url)
+
+
+@pytest.fixture
+def tag(request: pytest.FixtureRequest) -> str:
+    """A unique marker for this test's prompts (to pick its requests out of the LLM log)."""
+    return f"<{request.node.name[:40]}-{uuid.uuid4().hex[:6]}>"
+
+
+@pytest.fixture
+def ws(real_kernel: RealKernel, request: pytest.FixtureRequest) -> Path:
+    """This test's workspace: a fresh directory inside the kernel's workdir (created by the adapter)."""
+    return real_kernel.workdir / f"ws-{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"

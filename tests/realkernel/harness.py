@@ -37,8 +37,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tests.support.fake_llm import FakeLLM, read_log
+from tests.support.fake_llm import FakeLLM, message_text, read_log
 from tests.support.ports import free_port
+from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
+from tests.support.servers import AdapterProcess
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -406,3 +408,83 @@ def message_texts(update: Mapping[str, Any]) -> str:
     """The concatenated text parts of a status update's message ('' if none)."""
     message = (update.get("status") or {}).get("message") or {}
     return "".join(str(p.get("text", "")) for p in message.get("parts") or [] if "text" in p)
+
+
+# --- facts of a test, from the kernel and the fake LLM ---------------------------------------
+def thread_id(name: str) -> str:
+    return f"rk-{name}-{uuid.uuid4().hex[:10]}"
+
+
+def llm_log(kernel: RealKernel, tag: str) -> list[dict[str, Any]]:
+    """The fake LLM's requests whose conversation contains ``tag``."""
+    return [r for r in kernel.llm_requests() if any(tag in message_text(m) for m in r["messages"])]
+
+
+def behaviours(kernel: RealKernel, tag: str) -> list[str]:
+    return [r["behaviour"] for r in llm_log(kernel, tag)]
+
+
+def get_task(kernel: RealKernel, task_id: str) -> dict[str, Any]:
+    response = kernel.rpc("GetTask", {"id": task_id})
+    assert "result" in response, response
+    return dict(response["result"])
+
+
+def task_state(kernel: RealKernel, task_id: str) -> str:
+    return str(get_task(kernel, task_id)["status"]["state"])
+
+
+def wait_task_state(kernel: RealKernel, task_id: str, wanted: str, timeout: float = 40.0) -> str:
+    deadline = time.monotonic() + timeout
+    state = task_state(kernel, task_id)
+    while state != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = task_state(kernel, task_id)
+    return state
+
+
+# --- adapters in front of the real kernel ------------------------------------------------------
+#: The heartbeat of the adapters started here, short so that idle streams show heartbeats.
+HEARTBEAT = "0.5"
+
+
+class Adapters:
+    """Starts ``python run.py`` processes in front of the real kernel, all on one state dir."""
+
+    def __init__(self, kernel: RealKernel, root: Path, outside: Path) -> None:
+        self.kernel = kernel
+        self.state_dir = root / "state"
+        self.outside = outside
+        self.started: list[AdapterProcess] = []
+
+    def start(self, *extra: str) -> AdapterProcess:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("IAC_CODE_AGUI_", "IACCODE_"))}
+        environ.update(
+            {
+                # the kernel's workdir (also the kernel's only root) plus one root the kernel refuses
+                "IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep.join([str(self.kernel.workdir), str(self.outside)]),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        args = [
+            "--port",
+            "0",
+            "--a2a-url",
+            self.kernel.url,
+            "--a2a-token",
+            self.kernel.token,
+            "--state-dir",
+            str(self.state_dir),
+            "--heartbeat-seconds",
+            HEARTBEAT,
+            *extra,
+        ]
+        process = AdapterProcess(args, environ).start()
+        STATE_DIRS.append(self.state_dir)
+        ADAPTER_LOGS.append(process)
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            process.stop()

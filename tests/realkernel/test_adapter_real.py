@@ -21,7 +21,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,10 @@ import pytest
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
 from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
 from tests.support.images import tiny_png
-from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
 from tests.support.servers import AdapterProcess
 
-from .harness import RealKernel
+from .harness import Adapters, RealKernel, behaviours, get_task, llm_log, task_state, thread_id, wait_task_state
 
-HEARTBEAT = "0.5"
 PERMISSION_SCHEMA = {
     "type": "object",
     "properties": {"decision": {"type": "string", "enum": ["allow_once", "deny"]}},
@@ -46,114 +43,7 @@ PERMISSION_SCHEMA = {
 SECRETS: list[str] = []
 
 
-# ============================================================================ fixtures
-class Adapters:
-    """Starts ``python run.py`` processes in front of the real kernel, all on one state dir."""
-
-    def __init__(self, kernel: RealKernel, root: Path, outside: Path) -> None:
-        self.kernel = kernel
-        self.state_dir = root / "state"
-        self.outside = outside
-        self.started: list[AdapterProcess] = []
-
-    def start(self, *extra: str) -> AdapterProcess:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("IAC_CODE_AGUI_", "IACCODE_"))}
-        environ.update(
-            {
-                # the kernel's workdir (also the kernel's only root) plus one root the kernel refuses
-                "IAC_CODE_AGUI_ALLOWED_CWDS": os.pathsep.join([str(self.kernel.workdir), str(self.outside)]),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        args = [
-            "--port",
-            "0",
-            "--a2a-url",
-            self.kernel.url,
-            "--a2a-token",
-            self.kernel.token,
-            "--state-dir",
-            str(self.state_dir),
-            "--heartbeat-seconds",
-            HEARTBEAT,
-            *extra,
-        ]
-        process = AdapterProcess(args, environ).start()
-        STATE_DIRS.append(self.state_dir)
-        ADAPTER_LOGS.append(process)
-        self.started.append(process)
-        return process
-
-    def stop_all(self) -> None:
-        for process in self.started:
-            process.stop()
-
-
-@pytest.fixture(scope="module")
-def adapters(real_kernel: RealKernel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Adapters]:
-    root = tmp_path_factory.mktemp("adapter-real")
-    outside = tmp_path_factory.mktemp("outside-kernel-roots")
-    factory = Adapters(real_kernel, root, outside)
-    yield factory
-    factory.stop_all()
-
-
-@pytest.fixture(scope="module")
-def adapter(adapters: Adapters) -> AdapterProcess:
-    """The module's shared adapter process."""
-    return adapters.start()
-
-
-@pytest.fixture
-def client(adapter: AdapterProcess) -> Client:
-    return Client(adapter.url)
-
-
-@pytest.fixture
-def tag(request: pytest.FixtureRequest) -> str:
-    """A unique marker for this test's prompts (to pick its requests out of the LLM log)."""
-    return f"<{request.node.name[:40]}-{uuid.uuid4().hex[:6]}>"
-
-
-@pytest.fixture
-def ws(real_kernel: RealKernel, request: pytest.FixtureRequest) -> Path:
-    """This test's workspace: a fresh directory inside the kernel's workdir (created by the adapter)."""
-    return real_kernel.workdir / f"ws-{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
-
-
 # ============================================================================ helpers
-def thread_id(name: str) -> str:
-    return f"rk-{name}-{uuid.uuid4().hex[:10]}"
-
-
-def llm_log(kernel: RealKernel, tag: str) -> list[dict[str, Any]]:
-    """The fake LLM's requests whose conversation contains ``tag``."""
-    return [r for r in kernel.llm_requests() if any(tag in message_text(m) for m in r["messages"])]
-
-
-def behaviours(kernel: RealKernel, tag: str) -> list[str]:
-    return [r["behaviour"] for r in llm_log(kernel, tag)]
-
-
-def get_task(kernel: RealKernel, task_id: str) -> dict[str, Any]:
-    response = kernel.rpc("GetTask", {"id": task_id})
-    assert "result" in response, response
-    return dict(response["result"])
-
-
-def task_state(kernel: RealKernel, task_id: str) -> str:
-    return str(get_task(kernel, task_id)["status"]["state"])
-
-
-def wait_task_state(kernel: RealKernel, task_id: str, wanted: str, timeout: float = 40.0) -> str:
-    deadline = time.monotonic() + timeout
-    state = task_state(kernel, task_id)
-    while state != wanted and time.monotonic() < deadline:
-        time.sleep(0.2)
-        state = task_state(kernel, task_id)
-    return state
-
-
 def secret_props(label: str) -> dict[str, Any]:
     """forwardedProps secrets, unique per call, remembered for the state-dir check."""
     suffix = uuid.uuid4().hex[:10]

@@ -27,16 +27,7 @@ from tests.support.agui_client import Client, RunResult, run_body, session_value
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.fake_llm import SELL_CANDIDATES, SELL_DEPLOY_ERROR, message_text
 
-from . import test_adapter_real as shared
-from .harness import RealKernel
-from .test_adapter_real import get_task, llm_log, thread_id, wait_task_state
-
-# the adapter module's fixtures: one adapter process in front of this module's real kernel
-adapters = shared.adapters
-adapter = shared.adapter
-client = shared.client
-tag = shared.tag
-ws = shared.ws
+from .harness import RealKernel, get_task, llm_log, thread_id, wait_task_state
 
 PIPELINE = "iac-code.pipeline.v1"
 BUSINESS_STEPS = ["intent_parsing", "architecture_planning", "evaluate_candidates", "confirm_and_select", "deploying"]
