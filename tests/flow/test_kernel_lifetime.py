@@ -25,6 +25,7 @@ import pytest
 import requests
 
 from agui_adapter.kernels import KernelProcess, spawn_kernel
+from tests.support.processes import children, cmdline, descendants, stat_fields
 from tests.support.servers import ROOT
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -35,38 +36,8 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="ne
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, start time) of a process, or None when it no longer exists."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[19])
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    result, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            result.append(child)
-            todo.append(child)
-    return result
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0].decode(), int(fields[19]))
 
 
 class Watched:

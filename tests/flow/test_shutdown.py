@@ -17,6 +17,7 @@ import requests
 
 from tests.support.agui_client import Client, LiveStream, run_body
 from tests.support.flow import kernel_calls
+from tests.support.processes import alive, descendants
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
 from tests.support.servers import AdapterProcess
 
@@ -82,23 +83,3 @@ def test_sigterm_with_its_own_kernel_leaves_no_process(tmp_path: Path) -> None:
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in children if alive(pid)]
-
-
-def descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").iterdir():
-            children = (task / "children").read_text().split()
-            found += [int(c) for c in children]
-            todo += [int(c) for c in children]
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -7,7 +7,6 @@ and are skipped otherwise, with the install command in the reason.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from tests.support.agui_client import Client
 from tests.support.servers import AdapterProcess
 
-from .harness import INSTALL_COMMAND, Adapters, RealKernel, find_kernel_venv
+from .harness import Adapters, RealKernel, require_kernel_venv
 
 _HERE = Path(__file__).resolve().parent
 
@@ -29,17 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.path)).resolve()
         if path == _HERE or _HERE in path.parents:
             item.add_marker(pytest.mark.realkernel)
-
-
-def require_kernel_venv() -> Path:
-    """The kernel venv; ``pytest.fail`` under ``CI=true`` and ``pytest.skip`` otherwise when missing."""
-    venv = find_kernel_venv()
-    if venv is not None:
-        return venv
-    message = f"iac-code 0.16.0 kernel venv not found (AGUI_IAC_CODE_VENV); install it with: {INSTALL_COMMAND}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="module")

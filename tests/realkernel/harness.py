@@ -37,6 +37,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import pytest
+
 from tests.support.fake_llm import FakeLLM, message_text, read_log
 from tests.support.ports import free_port
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
@@ -68,6 +70,17 @@ def find_kernel_venv() -> Path | None:
     raw = os.environ.get(VENV_ENV) or str(DEFAULT_VENV)
     venv = Path(raw).expanduser()
     return venv if (venv / "bin" / "iac-code").exists() else None
+
+
+def require_kernel_venv() -> Path:
+    """The kernel venv; ``pytest.fail`` under ``CI=true`` and ``pytest.skip`` otherwise when missing."""
+    venv = find_kernel_venv()
+    if venv is not None:
+        return venv
+    message = f"iac-code 0.16.0 kernel venv not found (AGUI_IAC_CODE_VENV); install it with: {INSTALL_COMMAND}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def tail(path: Path, lines: int = 40) -> str:

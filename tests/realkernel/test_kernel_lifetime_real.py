@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = Path("~/.cache/agui-adapter/iac-code-0.16.0")
+from tests.support.processes import children, cmdline, stat_fields
+from tests.support.servers import ROOT
+
+from .harness import require_kernel_venv
 
 pytestmark = [
     pytest.mark.realkernel,
@@ -28,55 +30,20 @@ pytestmark = [
 ]
 
 
-def kernel_venv() -> Path:
-    venv = Path(os.environ.get("AGUI_IAC_CODE_VENV") or str(DEFAULT_VENV)).expanduser()
-    if (venv / "bin" / "iac-code").exists():
-        return venv
-    message = f"iac-code kernel venv not found at {venv} (AGUI_IAC_CODE_VENV); run .ci/setup-peers.sh"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2 :].split()
-
-
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            fields = _stat(int(entry.name))
+            fields = stat_fields(int(entry.name))
             if fields and fields[0] != b"Z" and int(fields[2]) == pgid:
                 members.append(int(entry.name))
     return members
 
 
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 @pytest.fixture
 def adapter_with_real_kernel(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    venv = kernel_venv()
+    venv = require_kernel_venv()
     home = tmp_path / "home"
     (home / ".iac-code").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("IAC_CODE_", "IACCODE_"))}
