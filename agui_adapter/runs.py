@@ -62,8 +62,6 @@ class Admission:
     mode: Mode
     parts: list[dict[str, Any]] = field(default_factory=list)
     stale_task_id: str | None = None  # a task of the thread's previous execution that may still run
-    #: Gives back the run's slot among the concurrent runs (once, when its body is closed).
-    release_slot: Callable[[], None] | None = None
 
     @property
     def thread_id(self) -> str:
@@ -93,7 +91,7 @@ class RunEngine:
         self.clock = clock
         self.metrics = metrics if metrics is not None else Metrics()
         self._env = dict(os.environ if env is None else env)
-        self._live: dict[RunDriver, Callable[[], None] | None] = {}  # open runs -> their slot release
+        self._live: set[RunDriver] = set()  # runs whose body is open; each holds a run slot
         self._live_lock = threading.Lock()
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
@@ -107,8 +105,8 @@ class RunEngine:
         """Check and record a new run; raises AguiError (answered before the stream).
 
         The run first takes a slot among the ``max_runs`` concurrent runs, or is refused
-        with ``SERVER_BUSY`` before anything is written or sent; the slot is held until
-        ``Admission.release_slot`` is called (by the run's body when it is closed).
+        with ``SERVER_BUSY`` before anything is written or sent; the run's driver gives the
+        slot back when its body is closed (``run_ended``).
         """
         if not self._run_slots.acquire(blocking=False):
             log.warning("run %s refused: %d runs already active", run_input.run_id, self.settings.max_runs)
@@ -116,25 +114,10 @@ class RunEngine:
                 Code.SERVER_BUSY, msg.SERVER_BUSY, {"seconds": RETRY_AFTER_SECONDS, "retryAfter": RETRY_AFTER_SECONDS}
             )
         try:
-            admission = self._admit(run_input, language)
+            return self._admit(run_input, language)
         except BaseException:
             self._run_slots.release()
             raise
-        admission.release_slot = self._slot_release()
-        return admission
-
-    def _slot_release(self) -> Callable[[], None]:
-        released = threading.Event()
-        lock = threading.Lock()
-
-        def release() -> None:
-            with lock:
-                if released.is_set():
-                    return
-                released.set()
-            self._run_slots.release()
-
-        return release
 
     def _admit(self, run_input: RunInput, language: str) -> Admission:
         props = run_input.props
@@ -246,7 +229,7 @@ class RunEngine:
         )
         driver = RunDriver(self, admission, machine)
         with self._live_lock:
-            self._live[driver] = admission.release_slot
+            self._live.add(driver)
         self.metrics.run_opened()
         return driver
 
@@ -254,11 +237,10 @@ class RunEngine:
         """A run's body was closed: it leaves the live runs and gives its slot back."""
         with self._live_lock:
             live = driver in self._live
-            release_slot = self._live.pop(driver, None)
-        if live:
+            self._live.discard(driver)
+        if live:  # once per run, however often its body is closed
             self.metrics.run_closed()
-        if release_slot is not None:
-            release_slot()
+            self._run_slots.release()
 
     def live_runs(self) -> int:
         with self._live_lock:
