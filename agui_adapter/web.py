@@ -445,7 +445,9 @@ class AguiApp:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
         ids = {"thread_id": run_input.thread_id, "run_id": run_input.run_id}
-        log.info("run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode, extra=ids)
+        log.info(
+            "run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode.value, extra=ids
+        )
         body = self.engine.stream(admission)
         try:
             start_response("200 OK", list(SSE_HEADERS))
