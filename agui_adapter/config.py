@@ -65,6 +65,13 @@ class Settings:
     cors_origins: str = ""
     #: Runs (turns, resumes, guidance) one process streams at once; beyond: 503 SERVER_BUSY.
     max_runs: int = 256
+    # --- reattach (``journal``)
+    #: How long a run's events stay replayable after it ended; 0 drops them at its end.
+    replay_retention_seconds: float = 300.0
+    #: At most this many bytes of a run's events are kept for replay (older ones fall out).
+    replay_buffer_bytes: int = 4 * 1024 * 1024
+    #: How long a run goes on without a client before it is cancelled; 0: at once (the contract).
+    disconnect_grace_seconds: float = 0.0
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -99,12 +106,19 @@ ENV_NAMES: dict[str, str] = {
     "shutdown_grace_seconds": "IAC_CODE_AGUI_SHUTDOWN_GRACE_SECONDS",
     "cors_origins": "IAC_CODE_AGUI_CORS_ORIGINS",
     "max_runs": "IAC_CODE_AGUI_MAX_RUNS",
+    "replay_retention_seconds": "IAC_CODE_AGUI_REPLAY_RETENTION_SECONDS",
+    "replay_buffer_bytes": "IAC_CODE_AGUI_REPLAY_BUFFER_BYTES",
+    "disconnect_grace_seconds": "IAC_CODE_AGUI_DISCONNECT_GRACE_SECONDS",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
 
 
 #: Settings that are a whole number of things, at least one.
 _COUNTS = ("max_connections", "max_runs")
+#: Settings that are a number of seconds, 0 included.
+_SECONDS_OR_ZERO = ("shutdown_grace_seconds", "replay_retention_seconds", "disconnect_grace_seconds")
+#: The smallest replay buffer: one run's first events must fit.
+MIN_REPLAY_BUFFER_BYTES = 64 * 1024
 #: Settings that are a positive, finite number of seconds.
 _SECONDS = (
     "heartbeat_seconds",
@@ -149,8 +163,10 @@ def _coerce(name: str, value: Any) -> Any:
         return int(_number(name, value, integer=True, minimum=1))
     if name in _SECONDS:
         return _number(name, value, integer=False, minimum=0, exclusive=True)
-    if name == "shutdown_grace_seconds":
+    if name in _SECONDS_OR_ZERO:
         return _number(name, value, integer=False, minimum=0)
+    if name == "replay_buffer_bytes":
+        return int(_number(name, value, integer=True, minimum=MIN_REPLAY_BUFFER_BYTES))
     if name == "thread_retention_days":
         text = str(value).strip().lower()
         if text in ("off", "never", "forever"):

@@ -3,7 +3,8 @@
 Constructors take every value explicitly (timestamps included: the core never reads
 a clock) and omit optional fields instead of writing ``null``: the official 1.0 client
 rejects ``null`` in optional fields. ``encode`` writes ``data: <compact JSON>\\n\\n``
-with LF only, since CRLF breaks the official client's parser.
+with LF only, since CRLF breaks the official client's parser; a run's frames also carry
+``id: <n>``, numbered from 1 within the run (heartbeats carry none).
 """
 
 from __future__ import annotations
@@ -44,10 +45,16 @@ def encode(event: Event) -> bytes:
     return encode_many([event])
 
 
-def encode_many(events: list[Event]) -> bytes:
-    """Several frames as one chunk (one write per wake-up, design rule 5)."""
+def encode_many(events: list[Event], first_id: int | None = None) -> bytes:
+    """Several frames as one chunk (one write per wake-up, design rule 5); with
+    ``first_id``, each frame carries its ``id:`` (``first_id``, ``first_id + 1``, ...),
+    the number a client sends back as ``Last-Event-ID`` to reattach (``journal``)."""
     # "replace": a lone surrogate from the kernel must not break the stream
-    return "".join(["data: " + _dumps(e) + "\n\n" for e in events]).encode("utf-8", "replace")
+    if first_id is None:
+        return "".join(["data: " + _dumps(e) + "\n\n" for e in events]).encode("utf-8", "replace")
+    return "".join([f"id: {n}\ndata: " + _dumps(e) + "\n\n" for n, e in enumerate(events, first_id)]).encode(
+        "utf-8", "replace"
+    )
 
 
 def _event(kind: str, ts: int, **fields: Any) -> Event:

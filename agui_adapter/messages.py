@@ -88,6 +88,9 @@ A2A_REJECTED = "The A2A execution service rejected the request: {detail}"
 A2A_MALFORMED = "The A2A execution service sent a malformed response."
 CANCELLED = "The execution was cancelled."
 SHUTTING_DOWN = "The AG-UI adapter is shutting down; the execution was cancelled."
+CLIENT_GONE = "The client went away; the execution was cancelled."
+NOBODY_REATTACHED = "No client reattached to the run in time; the execution was cancelled."
+RUN_PROCESS_GONE = "The adapter process running this run stopped; the run's outcome is unknown."
 TASK_IDENTITY_CHANGED = "The A2A task identity changed unexpectedly."
 CONTEXT_IDENTITY_CHANGED = "The A2A context identity changed unexpectedly."
 MAPPING_NOT_COMMITTED = "The execution mapping could not be committed."
@@ -117,6 +120,11 @@ SESSION_BACKUP_NOT_READY = "Session backup is still synchronizing. Retry after 3
 EXECUTION_EXPIRED = "The interrupt expired at {expiresAt}; start a new run."
 CANCELLED_BY_RESPONSE = "The execution was cancelled by the interrupt response."
 EXECUTION_NOT_FOUND = "The execution was not found."
+
+# --- reattach (journal) --------------------------------------------------------------
+RUN_NOT_FOUND = "The run was not found, or its events are no longer kept."
+REPLAY_UNAVAILABLE = "The run's events after that id are no longer kept; start the run again."
+LAST_EVENT_ID_INVALID = "Last-Event-ID must be the id of an event of this run (a whole number)."
 
 
 def all_messages() -> dict[str, str]:

@@ -37,6 +37,7 @@ from . import events as ev
 from . import run_effects as fx
 from .a2a import FrameReader, KernelRejected, KernelUnavailable
 from .events import Event
+from .journal import JournalWriter
 from .logs import RUN_IDS
 from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
 from .record import Mutation, RetireExecution, StaleExecution
@@ -48,6 +49,12 @@ if TYPE_CHECKING:
     from .runs import Admission, RunEngine
 
 log = logging.getLogger("agui_adapter.run")
+
+#: How often an idle run wakes up: to see whether a reattached reader took it over, and,
+#: detached, whether its grace period is over (heartbeats still go every heartbeat_seconds).
+ATTACHED_TICK_SECONDS = 0.5
+DETACHED_TICK_SECONDS = 0.25
+_IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 
 
 class RunDriver:
@@ -74,39 +81,69 @@ class RunDriver:
         self._finish: fx.Finish | None = None
         self._duration: float | None = None
         self._summarized = False
+        # reattach (``journal``): what was sent, who reads it, and the run without a reader
+        self._journal: JournalWriter | None = None
+        self._began = False
+        self._detached = False
+        self._taken_over = False
+        self._next_check = 0.0
+        self._abandon = threading.Event()
+        self._tick = min(ATTACHED_TICK_SECONDS, engine.settings.heartbeat_seconds)
 
     # ------------------------------------------------------------------ WSGI iterable
     def __iter__(self) -> RunDriver:
         return self
 
     def __next__(self) -> bytes:
+        self._began = True
         token = RUN_IDS.set(self._ids)
         try:
-            chunk = next(self._body)
+            while True:
+                if self._superseded():
+                    raise StopIteration  # a reattached reader has the run now (``close`` detaches it)
+                chunk = next(self._body)
+                if chunk is not _IDLE:
+                    break
         finally:
             RUN_IDS.reset(token)
+        if chunk is not ev.HEARTBEAT:
+            self._journal_chunk(chunk)
         self._bytes += len(chunk)
         return chunk
 
     def close(self) -> None:
-        """End of the response: the client left, the server closed it, or the run is over."""
+        """End of the response: the client left, a reattach took the run over, the server
+        closed it, or the run is over. A live run whose client left goes on detached when
+        a grace period is set or a reader took over; else it ends here."""
         token = RUN_IDS.set(self._ids)
         try:
+            if self._detachable():
+                self._detach()
+                return
             try:
-                self._body.close()
+                try:
+                    self._body.close()
+                finally:
+                    if not self.machine.ended:
+                        self._metrics.client_disconnected()
+                        self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
-                if not self.machine.ended:
-                    self._metrics.client_disconnected()
-                    self._carry_out_quietly(self.machine.client_gone(self._clock()))
-                if self._pump is not None:
-                    self._pump.stop()
+                self._wind_up()
         finally:
-            try:
-                self.engine.run_ended(self)
-                if not self._summarized:  # abandoned: no final chunk was written
-                    self._log_summary(self._bytes)
-            finally:
-                RUN_IDS.reset(token)
+            RUN_IDS.reset(token)
+
+    def _wind_up(self) -> None:
+        """The run is over (or abandoned): stop the pump, end the journal, give the slot
+        back, and sum the run up if its final chunk did not."""
+        try:
+            if self._pump is not None:
+                self._pump.stop()
+            if self._journal is not None:
+                self._journal_end()
+        finally:
+            self.engine.run_ended(self)
+            if not self._summarized:  # abandoned: no final chunk was written
+                self._log_summary(self._bytes)
 
     def shut_down(self) -> None:
         """From another thread: end the run now with its final event (``shutting_down``)."""
@@ -118,23 +155,31 @@ class RunDriver:
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:
         machine = self.machine
+        self._open_journal()
         out: list[Event] = []
         yield from self._carry_out(machine.start(self._clock()), out)
         if out:
             yield self._encode(out)
         heartbeat = self.engine.settings.heartbeat_seconds
+        last_write = time.monotonic()
         while not machine.ended:
             assert self._pump is not None
             try:
-                items = self._pump.get(timeout=heartbeat)
+                items = self._pump.get(timeout=self._tick)
             except Empty:
                 items = []
             out = []
-            if self._shutdown.is_set():
-                yield from self._carry_out(machine.shutting_down(self._clock()), out)
+            if self._shutdown.is_set() or self._abandon.is_set():
+                now = self._clock()
+                effects = machine.shutting_down(now) if self._shutdown.is_set() else machine.abandoned(now)
+                yield from self._carry_out(effects, out)
                 yield self._encode(out)
                 return
             if not items:
+                if time.monotonic() - last_write < heartbeat:
+                    yield _IDLE
+                    continue
+                last_write = time.monotonic()
                 yield ev.HEARTBEAT
                 continue
             now = self._clock()
@@ -171,6 +216,7 @@ class RunDriver:
                     else:
                         yield from self._carry_out(effects, out)
             if out:
+                last_write = time.monotonic()
                 yield self._encode(out)
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
@@ -189,24 +235,136 @@ class RunDriver:
                 reply = self._perform(effect)
             effects = self.machine.replied(reply, self._clock()) if reply is not None else []
 
-    def _encode(self, out: list[Event]) -> bytes:
-        """One chunk of events, counted (per chunk, not per event)."""
+    def _encode(self, out: list[Event], *, to_client: bool = True) -> bytes:
+        """One chunk of events with their ids, counted as sent (per chunk, not per event)
+        unless it is only for the journal (``to_client`` false, or the run detached)."""
         count = len(out)
         before = self._events
         self._events = before + count
-        self._metrics.events_sent(count)
-        if before < 2 <= self._events:  # the first event after RUN_STARTED
-            self._metrics.first_event(time.monotonic() - self._admitted)
-        chunk = ev.encode_many(out)
+        if to_client and not self._detached:
+            self._metrics.events_sent(count)
+            if before < 2 <= self._events:  # the first event after RUN_STARTED
+                self._metrics.first_event(time.monotonic() - self._admitted)
+        chunk = ev.encode_many(out, before + 1)
         if self._finish is not None:  # the final events: sum the run up before the client sees its end
             self._log_summary(self._bytes + len(chunk))
         return chunk
 
     def _carry_out_quietly(self, effects: list[fx.Effect]) -> None:
-        """Effects of a run nobody reads any more: no events, no requests."""
+        """Effects of a run nobody reads any more: no requests; its events only go to its
+        journal (a reattach within the retention time replays them)."""
+        out: list[Event] = []
         for effect in effects:
-            if type(effect) is not fx.Emit:
+            if type(effect) is fx.Emit:
+                out.extend(effect.events)  # type: ignore[union-attr]
+            else:
                 self._perform(effect)
+        if out:
+            self._journal_chunk(self._encode(out, to_client=False))
+
+    # ------------------------------------------------------------------ the journal (reattach)
+    def _open_journal(self) -> None:
+        try:
+            self._journal = self.engine.journals.open_writer(self.thread_id, self.run_id)
+        except OSError as exc:
+            log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
+
+    def _journal_chunk(self, chunk: bytes) -> None:
+        journal = self._journal
+        if journal is None:
+            return
+        try:
+            journal.append(chunk, self._events + 1)
+        except OSError as exc:
+            log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
+            self._journal = None
+            journal.close()
+
+    def _journal_end(self) -> None:
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            try:
+                journal.end()
+            except OSError as exc:
+                log.warning("run %s: could not end its journal: %s", self.run_id, exc)
+
+    def _superseded(self) -> bool:
+        """Whether a reattached reader took the run over (checked every tick at most)."""
+        journal = self._journal
+        if journal is None or self._taken_over:
+            return self._taken_over
+        now = time.monotonic()
+        if now < self._next_check:
+            return False
+        self._next_check = now + self._tick
+        try:
+            self._taken_over = journal.taken_over()
+        except OSError:
+            return False
+        if self._taken_over:
+            log.info("run %s: a reattached client took the run over", self.run_id)
+        return self._taken_over
+
+    def _detachable(self) -> bool:
+        return (
+            self._began
+            and not self.machine.ended
+            and not self._shutdown.is_set()
+            and self._journal is not None
+            and (self._taken_over or self.engine.settings.disconnect_grace_seconds > 0)
+        )
+
+    def _detach(self) -> None:
+        """The run goes on without its client, on a thread of its own, into its journal."""
+        if not self._taken_over:
+            self._metrics.client_disconnected()
+            assert self._journal is not None
+            try:
+                self._journal.client_left()
+            except OSError as exc:
+                log.warning("run %s: journal attach state: %s", self.run_id, exc)
+            log.info(
+                "run %s: the client went away; the run goes on for %gs unless a client reattaches",
+                self.run_id,
+                self.engine.settings.disconnect_grace_seconds,
+            )
+        self._detached = True
+        self._tick = min(DETACHED_TICK_SECONDS, self._tick)
+        threading.Thread(target=self._go_on_detached, name=f"detached-{self.run_id[:16]}", daemon=True).start()
+
+    def _go_on_detached(self) -> None:
+        """Read the kernel into the journal until the run ends, or until nobody has been
+        attached for the grace period (then the machine's ``abandoned``)."""
+        token = RUN_IDS.set(self._ids)
+        grace = self.engine.settings.disconnect_grace_seconds
+        unattended_since: float | None = None
+        next_check = 0.0
+        try:
+            for chunk in self._body:
+                if chunk and chunk is not ev.HEARTBEAT:
+                    self._journal_chunk(chunk)
+                now = time.monotonic()
+                if self.machine.ended or self._abandon.is_set() or now < next_check:
+                    continue
+                next_check = now + DETACHED_TICK_SECONDS
+                journal = self._journal
+                if journal is not None and journal.reader_attached():
+                    unattended_since = None
+                    continue
+                if unattended_since is None:
+                    unattended_since = now
+                if now - unattended_since >= grace:
+                    log.info("run %s: nobody reattached within %gs; ending it", self.run_id, grace)
+                    self._abandon.set()
+        except Exception:  # noqa: BLE001 - a detached run must still end cleanly
+            log.exception("run %s: the detached run failed", self.run_id)
+        finally:
+            try:
+                if not self.machine.ended:
+                    self._carry_out_quietly(self.machine.client_gone(self._clock()))
+            finally:
+                self._wind_up()
+                RUN_IDS.reset(token)
 
     # ------------------------------------------------------------------ effects
     def _perform(self, effect: fx.Effect) -> fx.Reply | None:

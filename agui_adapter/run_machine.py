@@ -258,11 +258,24 @@ class RunMachine:
         return self._take()
 
     def client_gone(self, now: float) -> list[Effect]:
-        """The client went away (or the server closed the response) before the run ended."""
+        """The client went away (or the server closed the response) before the run ended.
+        Its closing events (spans closed, ``RUN_ERROR CANCELLED``) reach nobody now; they
+        are for the run's journal, which a client reattaching later replays to the end."""
+        return self._end_unattended(now, "client went away", msg.CLIENT_GONE)
+
+    def abandoned(self, now: float) -> list[Effect]:
+        """A detached run nobody reattached to within the disconnect grace period: it ends
+        as if the client had just gone away (``journal``, ``--disconnect-grace-seconds``)."""
+        return self._end_unattended(now, "nobody reattached in the grace period", msg.NOBODY_REATTACHED)
+
+    def _end_unattended(self, now: float, why: str, message: str) -> list[Effect]:
         self._clock(now)
         if self.ended:
             return []
-        self._let_go("client went away")
+        started = self.phase is not Phase.READY
+        self._let_go(why)
+        if started:
+            self._effects.append(Emit(self.translator.fail(self._ts, Code.CANCELLED, self._t(message))))
         self.phase, self.outcome = Phase.ENDED, Outcome.ABANDONED
         self._effects.append(Finish(Outcome.ABANDONED))
         return self._take()

@@ -31,6 +31,7 @@ from .a2a import KernelClient, KernelRejected, KernelUnavailable
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError, Code
+from .journal import JournalReader, JournalStore, ReplayUnavailable, RunNotFound
 from .metrics import Metrics
 from .record import Execution, RetireExecution, ThreadRecord
 from .run_driver import RunDriver
@@ -96,6 +97,11 @@ class RunEngine:
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
         self._run_slots = threading.BoundedSemaphore(settings.max_runs)
+        self.journals = JournalStore(
+            store.root,
+            retention_seconds=settings.replay_retention_seconds,
+            buffer_bytes=settings.replay_buffer_bytes,
+        )
 
     def allowed_roots(self) -> list[Path]:
         return allowed_roots(self._env, os.getcwd(), tempfile.gettempdir())
@@ -214,6 +220,44 @@ class RunEngine:
                 raise AguiError(Code.RESUME_REQUIRED, msg.RESUME_REQUIRED)
         elif props.ros_invocation_id != execution.ros_invocation_id:
             raise AguiError(Code.EXECUTION_LOST, msg.EXECUTION_LOST_MISMATCH)
+
+    # ================================================================== reattach
+    def reattach(self, thread_id: str, run_id: str, after: int, digest: str | None = None) -> JournalReader | None:
+        """A reader of the run's events after id ``after``, attached (an older reader ends).
+
+        With ``digest`` (``POST /`` with ``Last-Event-ID``): None when the thread never saw
+        that run id (the request is then a new run, the header ignored), RUN_ID_CONFLICT
+        when the run had another body. RUN_NOT_FOUND for a run whose journal is gone or
+        never was; REPLAY_UNAVAILABLE when the events after ``after`` fell out of it.
+        """
+        if digest is not None:
+            try:
+                record = self.store.load(thread_id)
+            except StoreError as exc:
+                log.error("thread %s: %s", thread_id, exc)
+                raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+            known = record.run_digests.get(run_id) if record is not None else None
+            if known is None:
+                return None
+            if known != digest:
+                raise AguiError(Code.RUN_ID_CONFLICT, msg.RUN_ID_CONFLICT)
+        try:
+            reader = self.journals.open_reader(thread_id, run_id, after)
+        except RunNotFound:
+            raise AguiError(Code.RUN_NOT_FOUND, msg.RUN_NOT_FOUND) from None
+        except ReplayUnavailable:
+            raise AguiError(Code.REPLAY_UNAVAILABLE, msg.REPLAY_UNAVAILABLE) from None
+        except OSError as exc:
+            log.error("run %s: journal unreadable: %s", run_id, exc)
+            raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        try:
+            reader.attach()
+        except OSError as exc:
+            reader.close()
+            log.error("run %s: journal unreadable: %s", run_id, exc)
+            raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        log.info("run %s on thread %s reattached after event %d", run_id, thread_id, after)
+        return reader
 
     # ================================================================== streaming
     def stream(self, admission: Admission) -> RunDriver:

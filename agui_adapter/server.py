@@ -93,6 +93,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
     parser.add_argument("--max-runs", dest="max_runs", help="concurrent runs per process (256)")
+    parser.add_argument(
+        "--disconnect-grace-seconds",
+        dest="disconnect_grace_seconds",
+        help="how long a run goes on after its client left, waiting for a reattach (0 = cancel at once)",
+    )
+    parser.add_argument(
+        "--replay-retention-seconds",
+        dest="replay_retention_seconds",
+        help="how long a run's events stay replayable after it ended (300)",
+    )
+    parser.add_argument(
+        "--replay-buffer-bytes", dest="replay_buffer_bytes", help="bytes of a run's events kept for replay (4 MiB)"
+    )
     return parser.parse_args(argv)
 
 

@@ -27,6 +27,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
@@ -39,13 +40,21 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
 from . import PROTOCOL_VERSION, __version__, console_page
+from . import events as ev
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError, Code
 from .i18n import negotiate_language, translate
+from .journal import JournalReader, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .runs import RunEngine
-from .validation import check_json_text, check_thread_header, preferred_language_hint, validate_run_input
+from .validation import (
+    check_json_text,
+    check_thread_header,
+    preferred_language_hint,
+    request_digest,
+    validate_run_input,
+)
 
 log = logging.getLogger("agui_adapter.web")
 
@@ -77,7 +86,7 @@ CORS_ALLOW_HEADERS = (
 CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
-_ROUTE_METHODS["ready"] = _ROUTE_METHODS["health"]
+_ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
 
 
 class CorsPolicy:
@@ -184,6 +193,7 @@ URLS = Map(
             endpoint="cancel",
             methods=["POST"],
         ),
+        Rule("/threads/<path:thread_id>/runs/<path:run_id>/events", endpoint="events", methods=["GET"]),
     ],
     strict_slashes=False,
 )
@@ -204,6 +214,34 @@ def json_response(
     ] + (extra or [])
     start_response(f"{status} {phrase}".strip(), headers)
     return [payload]
+
+
+def last_event_id(environ: dict[str, Any]) -> int | None:
+    """The ``Last-Event-ID`` header as an event id (None when absent or blank)."""
+    value = environ.get("HTTP_LAST_EVENT_ID", "").strip()
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise AguiError(Code.INVALID_INPUT, msg.LAST_EVENT_ID_INVALID)
+    return int(value)
+
+
+class Replay:
+    """The body of a reattached stream; closing it lets go of the run (``detach``)."""
+
+    def __init__(self, reader: JournalReader, chunks: Iterator[bytes]) -> None:
+        self._reader = reader
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def close(self) -> None:
+        try:
+            self._chunks.close()  # type: ignore[attr-defined]
+        finally:
+            self._reader.detach()
+            self._reader.close()
 
 
 class AguiApp:
@@ -273,6 +311,8 @@ class AguiApp:
                 return self.run(environ, start_response, language)
             if endpoint == "console":
                 return self.console(environ, start_response, language)
+            if endpoint == "events":
+                return self.events(environ, start_response, language, args["thread_id"], args["run_id"])
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
@@ -402,6 +442,9 @@ class AguiApp:
                 "executionKernel": "a2a-1.0",
                 "serverVersion": __version__,
                 "protocolVersion": PROTOCOL_VERSION,
+                "reattach": True,
+                "disconnectGraceSeconds": self.engine.settings.disconnect_grace_seconds,
+                "replayRetentionSeconds": self.engine.settings.replay_retention_seconds,
             },
         )
 
@@ -440,6 +483,12 @@ class AguiApp:
             check_json_text(payload, body)
             run_input = validate_run_input(payload)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
+            after = last_event_id(environ)
+            if after is not None:  # a reattach, if the thread knows this run with this body
+                digest = request_digest(run_input.raw)
+                reader = self.engine.reattach(run_input.thread_id, run_input.run_id, after, digest)
+                if reader is not None:
+                    return self._replay(start_response, reader, language)
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
@@ -453,6 +502,32 @@ class AguiApp:
             start_response("200 OK", list(SSE_HEADERS))
         except BaseException:
             body.close()  # gives the thread and the run's slot back
+            raise
+        return body
+
+    def events(
+        self, environ: dict[str, Any], start_response: StartResponse, language: str, thread_id: str, run_id: str
+    ) -> Iterable[bytes]:
+        """``GET /threads/{threadId}/runs/{runId}/events``: the run's stream from the event
+        after ``Last-Event-ID`` (from its first event without one), then live."""
+        self._check_auth(environ)
+        self._check_accept(environ)
+        after = last_event_id(environ) or 0
+        return self._replay(start_response, self.engine.reattach(thread_id, run_id, after), language)
+
+    def _replay(self, start_response: StartResponse, reader: JournalReader | None, language: str) -> Iterable[bytes]:
+        assert reader is not None
+        message = translate(language, msg.RUN_PROCESS_GONE)
+
+        def lost(next_id: int) -> bytes:
+            return ev.encode_many([ev.run_error(int(time.time() * 1000), Code.EXECUTION_LOST, message)], next_id)
+
+        chunks = follow(reader, heartbeat_seconds=self.engine.settings.heartbeat_seconds, lost=lost)
+        body = Replay(reader, chunks)
+        try:
+            start_response("200 OK", list(SSE_HEADERS))
+        except BaseException:
+            body.close()
             raise
         return body
 

@@ -6,7 +6,9 @@ the official client (``RECORDER``), and the body's secrets are remembered for th
 secrets check. ``run_body`` builds a ``RunAgentInput`` with ``forwardedProps.iacCode``,
 ``resume`` the Resume run that answers a previous run's interrupts, and ``session_value``
 reads the ``iac-code.session.v1`` event of a result. ``LiveStream`` reads a run
-incrementally, for tests that act while it streams (kill, disconnect, signal, cancel).
+incrementally, for tests that act while it streams (kill, disconnect, signal, cancel, and
+reattach: ``Client.reattach`` and ``Client.events`` open a run's stream again after an
+event id; ``joined`` puts the pieces of a run read across reattaches back together).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
-from tests.support.agui_stream import RECORDER, check_stream, parse_sse
+from tests.support.agui_stream import RECORDER, check_stream, parse_sse, parse_sse_ids
 from tests.support.secrets import remember_secrets
 
 
@@ -81,6 +84,21 @@ class Client:
                 result.error = None
         return result
 
+    def reattach(self, body: dict[str, Any], last_event_id: int | str) -> LiveStream:
+        """``POST /`` with the run's own body and ``Last-Event-ID``."""
+        return LiveStream(self, body, headers={"Last-Event-ID": str(last_event_id)})
+
+    def events(self, thread_id: str, run_id: str, last_event_id: int | str | None = None) -> LiveStream:
+        """``GET /threads/{t}/runs/{r}/events`` (as a browser's EventSource sends it)."""
+        headers = {"Accept": "text/event-stream"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        url = f"{self.url}threads/{quote(thread_id, safe='')}/runs/{quote(run_id, safe='')}/events"
+        response = self.session.get(url, headers=headers, stream=True, timeout=60)
+        return LiveStream.of(response, {"threadId": thread_id, "runId": run_id})
+
     def cancel(self, execution_id: str, body: dict[str, Any]) -> requests.Response:
         return self.session.post(
             f"{self.url}extensions/iac-code/v1/executions/{execution_id}/cancel",
@@ -133,13 +151,43 @@ def session_value(result: RunResult) -> dict[str, Any]:
 class LiveStream:
     """A run read incrementally (requests, stream=True); ``finish`` checks and records it."""
 
-    def __init__(self, client: Client, body: dict[str, Any]) -> None:
+    def __init__(self, client: Client, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self.body = body
         self.response = client.session.post(
-            client.url, data=json.dumps(body), headers=client.headers(), stream=True, timeout=60
+            client.url, data=json.dumps(body), headers=client.headers(headers), stream=True, timeout=60
         )
         self.chunks = self.response.iter_content(None)
         self.raw = b""
+
+    @classmethod
+    def of(cls, response: requests.Response, body: dict[str, Any]) -> LiveStream:
+        """A stream already opened (a GET of a run's events)."""
+        stream = cls.__new__(cls)
+        stream.body, stream.response, stream.raw = body, response, b""
+        stream.chunks = response.iter_content(None)
+        return stream
+
+    def error(self) -> dict[str, Any]:
+        """The JSON error of a stream refused before it started."""
+        return dict(self.response.json()["error"])
+
+    def read_events(self, count: int, timeout: float = 30.0) -> list[tuple[int, dict[str, Any]]]:
+        """Read until at least ``count`` whole events arrived; the (id, event) pairs so far."""
+        deadline = time.monotonic() + timeout
+        while True:
+            whole = self.raw[: self.raw.rfind(b"\n\n") + 2] if b"\n\n" in self.raw else b""
+            pairs = parse_sse_ids(whole)
+            if len(pairs) >= count:
+                return pairs
+            assert time.monotonic() < deadline, f"{count} events not seen in {self.raw[-500:]!r}"
+            self.raw += next(self.chunks)
+
+    def rest(self) -> list[tuple[int, dict[str, Any]]]:
+        """Read to the end of the response (without the checks of ``finish``)."""
+        for chunk in self.chunks:
+            self.raw += chunk
+        self.response.close()
+        return parse_sse_ids(self.raw)
 
     @property
     def status(self) -> int:
@@ -174,3 +222,22 @@ class LiveStream:
     def close(self) -> None:
         """Leave the run: the client goes away."""
         self.response.close()
+
+
+def joined(*pieces: list[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The events of one run read in pieces (a stream, then reattaches), joined on their
+    ids: each piece must go on exactly where the ids before it stopped or overlap them with
+    the same events; the result is checked as one run and recorded for the official client."""
+    by_id: dict[int, dict[str, Any]] = {}
+    for piece in pieces:
+        for event_id, event in piece:
+            if event_id in by_id:
+                assert by_id[event_id] == event, f"event {event_id} differs between pieces"
+            by_id[event_id] = event
+    ids = sorted(by_id)
+    assert ids == list(range(1, len(ids) + 1)), f"missing ids: {sorted(set(range(1, ids[-1] + 1)) - set(ids))}"
+    events = [by_id[i] for i in ids]
+    check_stream(events)
+    raw = b"".join(f"id: {i}\ndata: {json.dumps(by_id[i])}\n\n".encode() for i in ids)
+    RECORDER.record(str(events[0].get("threadId", "joined")), raw)
+    return events

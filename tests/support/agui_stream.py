@@ -23,16 +23,31 @@ _EVENT = TypeAdapter(Event)
 
 
 def parse_sse(raw: bytes) -> list[dict[str, Any]]:
+    """The events of a stream; every event must carry an ``id:`` one more than the last
+    (numbered from the first id seen: a reattached stream starts after its Last-Event-ID)."""
+    return [event for _, event in parse_sse_ids(raw)]
+
+
+def parse_sse_ids(raw: bytes) -> list[tuple[int, dict[str, Any]]]:
+    """(id, event) pairs of a stream, with the wire rules checked (see ``parse_sse``)."""
     assert b"\r" not in raw, "CR on the wire breaks the official client"
-    events: list[dict[str, Any]] = []
+    events: list[tuple[int, dict[str, Any]]] = []
     for block in raw.split(b"\n\n"):
         if not block.strip():
             continue
-        data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-        others = [line for line in block.split(b"\n") if line and not line.startswith((b"data:", b":"))]
+        lines = block.split(b"\n")
+        data = [line[5:].lstrip(b" ") for line in lines if line.startswith(b"data:")]
+        ids = [line[3:].strip() for line in lines if line.startswith(b"id:")]
+        others = [line for line in lines if line and not line.startswith((b"data:", b":", b"id:"))]
         assert not others, f"unexpected SSE lines: {others!r}"
-        if data:
-            events.append(json.loads(b"\n".join(data)))
+        if not data:
+            assert not ids, "an id on a frame without data"
+            continue
+        assert len(ids) == 1 and ids[0].isdigit(), f"an event without one numeric id: {block[:80]!r}"
+        event_id = int(ids[0])
+        if events:
+            assert event_id == events[-1][0] + 1, f"event id {event_id} after {events[-1][0]}"
+        events.append((event_id, json.loads(b"\n".join(data))))
     return events
 
 
