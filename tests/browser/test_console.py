@@ -9,6 +9,7 @@ page's console free of JavaScript errors.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def wait_until(browser: Any, condition: Any, timeout: float = 20.0) -> Any:
     return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: condition())
 
 
-def open_console(browser: Any, adapter: Any, workspace: Path, token: str = "", status: str = "unsupported") -> None:
+def open_console(browser: Any, adapter: Any, workspace: Path, token: str = "", status: str = "supported") -> None:
     browser.get(adapter.url)
     wait_for(browser, f'#status[data-reattach="{status}"]')
     cwd = browser.find_element(By.ID, "cwd")
@@ -65,14 +66,21 @@ def wait_for_card(browser: Any, index: int, state: str, timeout: float = 20.0) -
 
 
 def raw_log(browser: Any) -> list[tuple[str, str]]:
-    """The raw event log as (what, text): ("→ POST /", body), ("RUN_STARTED", event), ..."""
+    """The raw event log as (what, text): ("→ POST /", body), ("RUN_STARTED", event), ...
+    (the page writes each event's SSE id after its type, "RUN_STARTED #1": left out here)."""
     return [
-        tuple(pair)
-        for pair in browser.execute_script(
+        (re.sub(r" #\d+$", "", kind), text)
+        for kind, text in browser.execute_script(
             "return [...document.querySelectorAll('#log li')]"
             ".map(li => [li.querySelector('.k').textContent, li.querySelector('.v').textContent])"
         )
     ]
+
+
+def event_ids(browser: Any) -> list[int]:
+    """The SSE ids the page logged, in order."""
+    kinds = browser.execute_script("return [...document.querySelectorAll('#log li .k')].map(k => k.textContent)")
+    return [int(match.group(1)) for kind in kinds if (match := re.search(r" #(\d+)$", kind))]
 
 
 def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, browser: Any) -> None:
@@ -105,7 +113,7 @@ def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, 
     # reloaded, the page remembers the thread and the cwd, never the token
     thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
     browser.refresh()
-    wait_for(browser, '#status[data-reattach="unsupported"]')
+    wait_for(browser, '#status[data-reattach="supported"]')
     assert browser.find_element(By.ID, "threadId").get_attribute("value") == thread_id
     assert browser.find_element(By.ID, "cwd").get_attribute("value") == str(workspace)
     assert browser.find_element(By.ID, "token").get_attribute("value") == ""
@@ -193,7 +201,16 @@ def test_cancel_a_slow_run(adapter: Any, workspace: Path, browser: Any) -> None:
 
 
 def test_no_reattach_offer_without_server_support(adapter: Any, workspace: Path, browser: Any) -> None:
-    open_console(browser, adapter, workspace)
+    """A server whose /health does not advertise reattach (an older adapter) gets no offer."""
+    plain_health = adapter.app.health
+
+    def silent_health(start_response: Any) -> list[bytes]:
+        body = json.loads(b"".join(plain_health(lambda *a: None)))
+        body.pop("reattach")
+        return json_response(start_response, 200, body)
+
+    adapter.app.health = silent_health
+    open_console(browser, adapter, workspace, status="unsupported")
     send(browser, "[SLOW] count")
     card = wait_for(browser, '.run[data-state="streaming"]')
     wait_until(browser, lambda: "one," in card.text)
@@ -208,7 +225,7 @@ def test_no_reattach_offer_without_server_support(adapter: Any, workspace: Path,
 
 def test_the_console_check_sees_javascript_errors(adapter: Any, browser: Any) -> None:
     browser.get(adapter.url)
-    wait_for(browser, '#status[data-reattach="unsupported"]')
+    wait_for(browser, '#status[data-reattach="supported"]')
     browser.execute_script("setTimeout(() => { throw new Error('console-check-probe'); }, 0)")
     wait_until(browser, lambda: any("console-check-probe" in e for e in console_errors(browser)), timeout=5)
 
@@ -244,20 +261,13 @@ def test_a_pipeline_as_a_timeline_with_its_choices(adapter: Any, workspace: Path
     assert console_errors(browser) == []
 
 
-def test_reattach_is_offered_when_the_server_advertises_it(adapter: Any, workspace: Path, browser: Any) -> None:
-    """This adapter does not reattach yet; one whose /health says so gets the page's offer."""
-    plain_health = adapter.app.health
-
-    def advertising_health(start_response: Any) -> list[bytes]:
-        status_headers: list[Any] = []
-        body = json.loads(b"".join(plain_health(lambda *a: status_headers.append(a))))
-        return json_response(start_response, 200, dict(body, reattach=True))
-
-    adapter.app.health = advertising_health
-    open_console(browser, adapter, workspace, status="supported")
-    send(browser, "[SLOW] count")
+def test_a_reload_mid_run_reattaches_and_the_run_completes(make_adapter: Any, workspace: Path, browser: Any) -> None:
+    """Reload the page halfway: the run goes on (grace period), the page offers to reattach,
+    replays the run from its first event and follows it to its end; nothing is cancelled."""
+    adapter = make_adapter(disconnect_grace_seconds=30, heartbeat_seconds=0.5)
+    open_console(browser, adapter, workspace)
+    send(browser, "[SILENT 2] [SLOW] count")  # about 12 s at the browser suite's human speed
     card = wait_for(browser, '.run[data-state="streaming"]')
-    wait_until(browser, lambda: "one," in card.text)
     run_id = card.get_attribute("data-run-id")
     thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
     browser.refresh()
@@ -265,10 +275,14 @@ def test_reattach_is_offered_when_the_server_advertises_it(adapter: Any, workspa
     offer = wait_for(browser, "#reattachButton")
     assert run_id in browser.find_element(By.ID, "reattach").text
     offer.click()
-    # today's adapter has no such route: the page shows the JSON error it gets
-    error = wait_for(browser, '.run[data-state="error"] .error')
-    assert error.text.startswith("404 NOT_FOUND")
+    finished = wait_for(browser, '.run[data-state="finished"]', timeout=30)
+    assert "one," in finished.text and "eight." in finished.text
     sent = [kind for kind, _ in raw_log(browser) if kind.startswith("→")]
     assert sent == [f"→ GET /threads/{thread_id}/runs/{run_id}/events"]
+    kinds = [kind for kind, _ in raw_log(browser)]
+    assert kinds.count("RUN_STARTED") == 1 and kinds[-1] == "RUN_FINISHED"
+    ids = event_ids(browser)
+    assert ids == list(range(1, len(ids) + 1))  # the whole run from its first event, each once
     assert not browser.find_element(By.ID, "reattach").is_displayed()
-    assert [e for e in console_errors(browser) if "404" not in e] == []
+    save_screenshot(browser, "reattached")
+    assert console_errors(browser) == []
