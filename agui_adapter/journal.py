@@ -39,6 +39,7 @@ import fcntl
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +53,7 @@ log = logging.getLogger("agui_adapter.journal")
 END = b": end\n\n"
 _SEGMENT_SUFFIX = ".sse"
 _ATTACH = "attach"
+_NEW, _NEW_LIFETIME = ".new-", 3600.0
 _ATTACHED, _DETACHED = "attached", "detached"
 #: An attached reader refreshes the attach file this often; one silent for STALE_READER is gone.
 READER_REFRESH_SECONDS = 1.0
@@ -140,15 +142,28 @@ class JournalStore:
         return self.root / thread_key(thread_id) / thread_key(run_id)
 
     def open_writer(self, thread_id: str, run_id: str) -> JournalWriter:
-        """The journal of a run that starts now (OSError when the disk refuses)."""
+        """The journal of a run that starts now (OSError when the disk refuses).
+
+        It is made under a temporary name and renamed into place once its writer holds it,
+        so that a sweeper (of any process) never takes a new journal for a dead one."""
         self._start_sweeper()
         directory = self.run_dir(thread_id, run_id)
         if directory.exists():  # a run id journaled before (retention kept it): start afresh
             shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for parent in (self.root, directory.parent):
-            os.chmod(parent, 0o700)
-        return JournalWriter(directory, self.buffer_bytes)
+        for attempt in range(3):
+            try:
+                directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(self.root, 0o700)
+                fresh = Path(tempfile.mkdtemp(prefix=_NEW, dir=directory.parent))
+                writer = JournalWriter(fresh, self.buffer_bytes)
+                os.rename(fresh, directory)
+            except FileNotFoundError:  # a sweeper removed the empty thread directory meanwhile
+                if attempt == 2:
+                    raise
+                continue
+            writer.directory = directory
+            return writer
+        raise AssertionError("unreachable")
 
     def open_reader(self, thread_id: str, run_id: str, after: int) -> JournalReader:
         """A reader of the run's events after id ``after`` (RunNotFound, ReplayUnavailable)."""
@@ -174,6 +189,11 @@ class JournalStore:
             except OSError:
                 continue
             for run_entry in runs:
+                try:
+                    if run_entry.name.startswith(_NEW) and now - run_entry.stat().st_mtime < _NEW_LIFETIME:
+                        continue  # being made now (or left by a crash: swept an hour later)
+                except FileNotFoundError:
+                    continue
                 if self._expired(Path(run_entry.path), now):
                     shutil.rmtree(run_entry.path, ignore_errors=True)
                     removed += 1

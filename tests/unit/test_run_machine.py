@@ -628,3 +628,23 @@ def test_a_sideband_answer_acknowledged_as_not_accepted_stays_pending() -> None:
     bench.feed(machine.start(NOW))
     assert bench.finish.code == Code.A2A_UNAVAILABLE and not bench.mutations(AcceptAnswer)
     assert set(bench.disk.execution.pending) == {"s1"}
+
+
+# ====================================================================== detached runs (reattach)
+def test_a_detached_run_nobody_came_back_to_ends_cancelled_with_its_spans_closed() -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames(frames("01-normal-text.sse.txt")[:5], NOW))  # a text message is open
+    bench.feed(machine.abandoned(NOW))
+    assert bench.types()[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
+    assert bench.events[-1]["code"] == Code.CANCELLED and "reattached" in bench.events[-1]["message"]
+    assert [c.task_id for c in bench.of(CancelTask)] == [machine.task_id] and bench.disk.execution.terminal
+    assert bench.finish.outcome is Outcome.ABANDONED
+    assert machine.abandoned(NOW) == [] and machine.client_gone(NOW) == []
+
+
+def test_a_client_gone_mid_run_leaves_a_closing_event_for_the_journal() -> None:
+    machine, bench = turn("01-normal-text.sse.txt")
+    bench.feed(machine.frames(frames("01-normal-text.sse.txt")[:5], NOW))
+    bench.feed(machine.client_gone(NOW))
+    assert bench.types()[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
+    assert bench.events[-1]["code"] == Code.CANCELLED and "went away" in bench.events[-1]["message"]

@@ -1,0 +1,190 @@
+"""The run journal (``journal.py``) on a real directory: segments, bounds, readers, takeover,
+the writer's liveness and retention. The HTTP side is in tests/flow/test_reattach.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from agui_adapter import events as ev
+from agui_adapter.journal import (
+    END,
+    JournalStore,
+    ReplayUnavailable,
+    RunNotFound,
+    follow,
+    writer_alive,
+)
+
+
+def chunk(first_id: int, count: int, size: int = 10) -> bytes:
+    return ev.encode_many([{"type": "CUSTOM", "n": i, "pad": "x" * size} for i in range(count)], first_id)
+
+
+def ids(data: bytes) -> list[int]:
+    return [int(frame.split(b"\n")[0][4:]) for frame in data.split(b"\n\n") if frame.startswith(b"id: ")]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JournalStore:
+    return JournalStore(tmp_path, retention_seconds=300, buffer_bytes=64 * 1024)
+
+
+def test_a_reader_gets_the_events_after_its_id_then_new_ones_then_the_end(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 3), 4)
+    reader = store.open_reader("t", "r", 1)
+    assert ids(reader.read()) == [2, 3]
+    assert reader.read() == b"" and not reader.ended
+    writer.append(chunk(4, 2), 6)
+    assert ids(reader.read()) == [4, 5]
+    writer.end()
+    assert reader.read() == b"" and reader.ended
+    assert ids(store.open_reader("t", "r", 0).read()) == [1, 2, 3, 4, 5]
+
+
+def test_a_half_written_frame_waits_for_its_end(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    data = chunk(1, 2)
+    writer.append(data[:-7], 2)  # torn between two writes, as a reader may see one
+    reader = store.open_reader("t", "r", 0)
+    assert ids(reader.read()) == [1]
+    writer.append(data[-7:], 3)
+    assert ids(reader.read()) == [2]
+
+
+def test_segments_roll_and_old_events_fall_out_per_event(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    next_id = 1
+    for _ in range(40):  # 40 chunks of 20 events of about 130 bytes: 100 KiB in all
+        writer.append(chunk(next_id, 20, 100), next_id + 20)
+        next_id += 20
+    big = chunk(next_id, 600, 100)  # one wake-up larger than the whole buffer: split per event
+    writer.append(big, next_id + 600)
+    next_id += 600
+    writer.end()
+    segments = sorted(p for p in store.run_dir("t", "r").iterdir() if p.suffix == ".sse")
+    assert 1 < len(segments)
+    assert sum(p.stat().st_size for p in segments) <= 64 * 1024 + 16 * 1024
+    first_kept = int(segments[0].stem)
+    assert first_kept > 1
+    with pytest.raises(ReplayUnavailable):
+        store.open_reader("t", "r", first_kept - 2)
+    everything = store.open_reader("t", "r", first_kept - 1).read()
+    assert ids(everything) == list(range(first_kept, next_id))
+
+
+def test_a_reader_that_falls_behind_the_buffer_is_told(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 5), 6)
+    reader = store.open_reader("t", "r", 0)
+    assert ids(reader.read()) == [1, 2, 3, 4, 5]
+    next_id = 6
+    for _ in range(10):
+        writer.append(chunk(next_id, 200, 100), next_id + 200)
+        next_id += 200
+    with pytest.raises(ReplayUnavailable):
+        reader.read()
+
+
+def test_unknown_runs_and_threads(store: JournalStore) -> None:
+    store.open_writer("t", "r").append(chunk(1, 1), 2)
+    with pytest.raises(RunNotFound):
+        store.open_reader("t", "other", 0)
+    with pytest.raises(RunNotFound):
+        store.open_reader("other", "r", 0)
+
+
+def test_hostile_ids_stay_inside_the_journal_directory(store: JournalStore, tmp_path: Path) -> None:
+    writer = store.open_writer("../../etc", "../../../x")
+    writer.append(chunk(1, 1), 2)
+    writer.end()
+    assert store.run_dir("../../etc", "../../../x").resolve().is_relative_to((tmp_path / "journal").resolve())
+    assert ids(store.open_reader("../../etc", "../../../x", 0).read()) == [1]
+
+
+def test_the_writer_holds_the_run_and_readers_take_it_over(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    directory = store.run_dir("t", "r")
+    assert writer_alive(directory) and not writer.taken_over() and not writer.reader_attached()
+    first = store.open_reader("t", "r", 0)
+    first.attach()
+    assert writer.taken_over() and writer.reader_attached() and first.still_attached()
+    second = store.open_reader("t", "r", 0)
+    second.attach()
+    assert not first.still_attached() and second.still_attached()
+    first.detach()  # an older reader leaving does not detach the newer one
+    assert writer.reader_attached()
+    second.detach()
+    assert not writer.reader_attached()
+    writer.end()
+    assert not writer_alive(directory)
+
+
+def test_a_silent_reader_counts_as_gone(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    reader = store.open_reader("t", "r", 0)
+    reader.attach()
+    attach = store.run_dir("t", "r") / "attach"
+    old = time.time() - 60
+    os.utime(attach, (old, old))  # its process died without a word
+    assert not writer.reader_attached()
+    reader.refresh()
+    assert writer.reader_attached()
+
+
+def test_follow_replays_and_ends_at_the_end_or_when_taken_over(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 2), 3)
+    writer.end()
+    reader = store.open_reader("t", "r", 0)
+    reader.attach()
+    assert ids(b"".join(follow(reader, heartbeat_seconds=10, poll_seconds=0.01))) == [1, 2]
+
+    writer = store.open_writer("t", "r2")
+    writer.append(chunk(1, 2), 3)
+    reader = store.open_reader("t", "r2", 0)
+    reader.attach()
+    chunks = follow(reader, heartbeat_seconds=0.02, poll_seconds=0.01)
+    assert ids(next(chunks)) == [1, 2]
+    assert next(chunks) == ev.HEARTBEAT  # the run is silent
+    store.open_reader("t", "r2", 0).attach()  # someone else takes it over
+    time.sleep(1.1)
+    assert [c for c in chunks if c != ev.HEARTBEAT] == []
+    writer.end()
+
+
+def test_follow_ends_with_the_lost_event_when_the_writer_died(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 2), 3)
+    writer.close()  # its process went without writing the end
+    reader = store.open_reader("t", "r", 0)
+    reader.attach()
+    out = b"".join(follow(reader, heartbeat_seconds=10, poll_seconds=0.01, lost=lambda n: chunk(n, 1)))
+    assert ids(out) == [1, 2, 3] and END not in out
+
+
+def test_retention_sweeps_ended_and_dead_journals_but_not_live_ones(tmp_path: Path) -> None:
+    store = JournalStore(tmp_path, retention_seconds=100, buffer_bytes=64 * 1024)
+    ended = store.open_writer("t", "ended")
+    ended.end()
+    dead = store.open_writer("t", "dead")
+    dead.close()
+    live = store.open_writer("t", "live")
+    assert store.sweep(time.time() + 50) == 0
+    assert store.sweep(time.time() + 200) == 2
+    assert not store.run_dir("t", "ended").exists() and not store.run_dir("t", "dead").exists()
+    assert store.run_dir("t", "live").exists()
+    live.end()
+
+
+def test_files_are_private(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 1), 2)
+    directory = store.run_dir("t", "r")
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in directory.iterdir())
+    writer.end()
