@@ -58,6 +58,7 @@ FIRST_EVENT = (
 )
 RUN_DURATION = ("agui_run_duration_seconds", "Seconds from a run's admission to its end.")
 DISCONNECTS = ("agui_sse_clients_disconnected_total", "SSE clients that went away before their run ended.")
+REATTACHES = ("agui_reattaches_total", "Streams of a run opened again with Last-Event-ID or GET .../events.")
 
 
 # ====================================================================== the built-in registry
@@ -298,6 +299,7 @@ class Metrics:
         self._first_event = make("histogram", *FIRST_EVENT, buckets=FIRST_EVENT_BUCKETS)
         self._duration = make("histogram", *RUN_DURATION, buckets=DURATION_BUCKETS)
         self._disconnects = make("counter", *DISCONNECTS)
+        self._reattaches = make("counter", *REATTACHES)
         self._outcomes = {outcome: self._runs.labels(outcome) for outcome in OUTCOMES}  # all four exist at 0
 
     @classmethod
@@ -355,6 +357,9 @@ class Metrics:
 
     def client_disconnected(self) -> None:
         self._disconnects.inc()
+
+    def reattached(self) -> None:
+        self._reattaches.inc()
 
     def http_request(self, route: str, status: str) -> None:
         self._http.labels(route, status).inc()

@@ -256,6 +256,7 @@ class RunEngine:
             reader.close()
             log.error("run %s: journal unreadable: %s", run_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        self.metrics.reattached()
         log.info("run %s on thread %s reattached after event %d", run_id, thread_id, after)
         return reader
 

@@ -93,6 +93,8 @@ def test_after_the_end_a_reattach_replays_to_the_terminal_event(make_adapter: An
     tail = client.reattach(body, 3).rest()
     assert tail == whole[3:]
     assert client.events(body["threadId"], body["runId"], whole[-1][0]).rest() == []
+    scrape = requests.get(adapter.url + "metrics", timeout=5).text
+    assert "agui_reattaches_total 3" in scrape
 
 
 def test_post_without_last_event_id_keeps_the_contract_answers(make_adapter: Any, workspace: Path) -> None:
