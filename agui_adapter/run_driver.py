@@ -26,6 +26,7 @@ every log line of the run (the machine's, the kernel pump's) carries them (``log
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -330,7 +331,11 @@ class RunDriver:
             )
         self._detached = True
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
-        threading.Thread(target=self._go_on_detached, name=f"detached-{self.run_id[:16]}", daemon=True).start()
+        context = contextvars.copy_context()  # the request's id stays on the run's log lines
+        thread = threading.Thread(
+            target=context.run, args=(self._go_on_detached,), name=f"detached-{self.run_id[:16]}", daemon=True
+        )
+        thread.start()
 
     def _go_on_detached(self) -> None:
         """Read the kernel into the journal until the run ends, or until nobody has been
