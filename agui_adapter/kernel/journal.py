@@ -210,7 +210,8 @@ class Pipeline:
         elif kind == "candidate_started" and step is not None:
             candidate = envelope["candidate"]
             step["candidates"].append(
-                {"id": candidate["id"], "label": data.get("label"), "runId": candidate["runId"], "status": "running"}
+                {key: candidate[key] for key in ("attempt", "id", "index", "name", "pipelineName", "runId")}
+                | {"startedAt": created, "status": "running"}
             )
             self.active_candidates.append(candidate["runId"])
         elif kind in ("candidate_completed", "candidate_failed") and step is not None:
@@ -218,7 +219,8 @@ class Pipeline:
             for item in step["candidates"]:
                 if item["runId"] == candidate["runId"]:
                     item["status"] = "completed" if kind == "candidate_completed" else "failed"
-                    item.update({k: v for k, v in data.items() if k == "totalMonthlyCost"})
+                    item["completedAt"] = created
+                    item.update({k: v for k, v in data.items() if k in ("conclusions", "failed", "step_conclusions")})
             if candidate["runId"] in self.active_candidates:
                 self.active_candidates.remove(candidate["runId"])
         elif kind == "candidate_selected" and step is not None:

@@ -165,6 +165,12 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             },
             step=dict(step, type="normal", uiMode=None),
         )
+        if name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
+            # the parallel step has no LLM turn of its own: it completes with its candidates' results
+            evaluated = yield from _pipe_candidates(p, step)
+            data = {"durationS": 0.05, "conclusionField": PIPELINE_FIELDS[name], "conclusion": evaluated}
+            p.emit("step_completed", dict(data, candidatesCount=len(evaluated)), step=step)
+            continue
         p.emit("context_usage", _context_usage(0), step=step)
         p.say(f"Working on {name}.", step=step)
         conclusion = copy.deepcopy(PIPELINE_CONCLUSIONS[name])
@@ -177,9 +183,6 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             selection = yield from _pipe_resource(p, step)
             conclusion["vpcId"] = selection["value"] if selection["status"] == "selected" else None
             asked = True
-        elif name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
-            yield from _pipe_candidates(p, step)
-            conclusion["candidateIds"] = [c["id"] for c in CANDIDATES]
         elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
             # as the real kernel: the options' ids are the candidates' indexes ("0", "1")
             options = [
@@ -353,106 +356,226 @@ def _pipe_resource(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict
     return selection
 
 
-def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, None]:
-    """Two candidates evaluated "in parallel" (interleaved), optionally with two permission waits."""
+#: A candidate's sub-pipeline and its steps, with the conclusion field of each (selling's
+#: ``evaluate_candidate``; the optional ``reviewing`` step is off by default).
+SUB_PIPELINE = "evaluate_candidate"
+CANDIDATE_STEPS: tuple[tuple[str, str], ...] = (("template_generating", "template"), ("cost_estimating", "cost"))
+TEMPLATE = "ROSTemplateFormatVersion: '2015-09-01'\nDescription: scripted kernel template\nResources: {}\n"
+
+
+@dataclass
+class _CandidateRun:
+    """One candidate of ``evaluate_candidates``: its coordinates and what its steps concluded."""
+
+    plan: dict[str, Any]
+    index: int
+    cid: str
+    coordinate: dict[str, Any]
+    conclusions: dict[str, Any]
+
+    @property
+    def ids(self) -> dict[str, Any]:
+        """The keys every candidate event's data starts with."""
+        return {
+            "candidateName": self.plan["label"],
+            "subPipelineId": self.cid,
+            "candidateIndex": self.index,
+            "subPipelineName": SUB_PIPELINE,
+        }
+
+    def step_coordinate(self, position: int) -> dict[str, Any]:
+        step_id = CANDIDATE_STEPS[position][0]
+        return {
+            "total": len(CANDIDATE_STEPS),
+            "id": step_id,
+            "runId": f"{self.coordinate['runId']}-{step_id}-1",
+            "attempt": 1,
+            "index": position + 1,
+        }
+
+    def conclusion(self, step_id: str) -> dict[str, Any]:
+        plan = self.plan
+        if step_id == "template_generating":
+            return {
+                "description": f"template for {plan['label']}",
+                "file_path": f"templates/{self.index + 1}-{plan['label'].lower().replace(' ', '-')}.yml",
+                "template": TEMPLATE,
+                "region": "cn-hangzhou",
+            }
+        return {
+            "monthly_estimate": plan["totalMonthlyCost"],
+            "deployment_parameters": {},
+            "template_fixed": False,
+            "resources": [{"cost": item["monthlyCost"], "type": item["name"]} for item in plan["costItems"]],
+            "preview_validation": {"succeeded": True},
+            "currency": "CNY",
+            "hard_constraint_checks": [],
+        }
+
+
+def _candidate_runs(step: dict[str, Any]) -> list[_CandidateRun]:
+    """The candidates as the real kernel names them (tests/data/a2a-selling/01)."""
+    runs = []
+    for index, plan in enumerate(CANDIDATES):
+        cid = f"{SUB_PIPELINE}_{random_hex(8)}"
+        coordinate = {
+            "name": plan["label"],
+            "id": cid,
+            "runId": f"candidate-{cid}-{index}-1",
+            "totalSteps": len(CANDIDATE_STEPS),
+            "pipelineName": SUB_PIPELINE,
+            "index": index,
+            "attempt": 1,
+        }
+        runs.append(_CandidateRun(plan, index, cid, coordinate, {}))
+    return runs
+
+
+def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, list[dict[str, Any]]]:
+    """Two candidates evaluated in parallel (interleaved), as the real kernel sends them.
+
+    Each runs ``template_generating`` then ``cost_estimating``; every event inside a candidate's
+    step has scope ``candidate_step``. With ``[PIPE-PERMS]`` each candidate's cost step first asks
+    for a permission. Returns the step's conclusion (one entry per candidate).
+    """
     pipe = p.pipe
-    runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for candidate in CANDIDATES:
-        cid = candidate["id"]
-        coordinates = {
-            "step": step,
-            "candidate": {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"},
-            "candidate_step": {"id": "price_estimation", "runId": f"cstep-{cid}-price_estimation-1"},
+    runs = _candidate_runs(step)
+    for run in runs:
+        steps = [
+            dict(run.step_coordinate(i), name=CANDIDATE_STEPS[i][0], status="pending")
+            for i in range(len(CANDIDATE_STEPS))
+        ]
+        data = dict(run.ids, totalSteps=len(CANDIDATE_STEPS))
+        p.emit("candidate_started", data, step=step, candidate=dict(run.coordinate, steps=steps))
+    for position, (step_id, field) in enumerate(CANDIDATE_STEPS):
+        at = [
+            {"step": step, "candidate": run.coordinate, "candidate_step": run.step_coordinate(position)} for run in runs
+        ]
+        for run, where in zip(runs, at, strict=True):
+            attempt = 4 + 2 * position + run.index
+            data = dict(
+                run.ids,
+                stepId=step_id,
+                totalSteps=len(CANDIDATE_STEPS),
+                active_attempt_id=f"att_{attempt:04d}",
+                stepIndex=position,
+                transcript_id=f"transcript_att_{attempt:04d}",
+            )
+            p.emit("candidate_step_started", data, **where)
+        for where in at:
+            p.emit("context_usage", _context_usage(0), **where)
+        for where in at:
+            p.emit("message_started", {"messageId": "msg_" + random_hex(24)}, **where)
+        for run, where in zip(runs, at, strict=True):
+            p.emit("text_delta", {"text": f"{run.plan['label']}: working on {step_id}."}, **where)
+        if step_id == "cost_estimating" and "PIPE-PERMS" in pipe.flags:
+            yield from _candidate_permissions(p, runs, at)
+        calls = [(run, where, "call_complete_" + random_hex(12)) for run, where in zip(runs, at, strict=True)]
+        for run, where, call in calls:
+            tool_input = {"conclusion": run.conclusion(step_id)}
+            p.emit("tool_started", {"toolUseId": call, "toolName": "complete_step", "input": tool_input}, **where)
+        with p.batch():
+            for where in at:
+                p.emit("usage", dict(_PIPE_USAGE), **where)
+                p.emit("context_usage", _context_usage(2), **where)
+        for run, where, call in calls:
+            conclusion = run.conclusion(step_id)
+            result = {
+                "toolUseId": call,
+                "toolName": "complete_step",
+                "isError": False,
+                "result": f"Step {step_id.replace('_', ' ').capitalize()} completed. Conclusion submitted.",
+                "input": {"conclusion": conclusion},
+                "normalizedConclusion": conclusion,
+            }
+            p.emit("tool_result", result, **where)
+        for run, where in zip(runs, at, strict=True):
+            conclusion = run.conclusion(step_id)
+            run.conclusions[step_id] = conclusion
+            data = dict(
+                run.ids,
+                stepId=step_id,
+                conclusionField=field,
+                totalSteps=len(CANDIDATE_STEPS),
+                conclusion=conclusion,
+            )
+            p.emit("candidate_step_completed", data, **where)
+    evaluated = []
+    for run in runs:
+        conclusions = {field: run.conclusions[step_id] for step_id, field in CANDIDATE_STEPS}
+        data = dict(
+            run.ids,
+            totalSteps=len(CANDIDATE_STEPS),
+            failed=False,
+            conclusions=conclusions,
+            step_conclusions=dict(run.conclusions),
+        )
+        p.emit("candidate_completed", data, step=step, candidate=run.coordinate)
+        evaluated.append(dict(conclusions, candidate={"name": run.plan["label"]}, failed=False))
+    return evaluated
+
+
+def _candidate_permissions(
+    p: PipeRun, runs: list[_CandidateRun], at: list[dict[str, Any]]
+) -> Generator[Any, Any, None]:
+    """Each candidate's step asks for a ``describe_prices`` permission; the answers resume it."""
+    pipe = p.pipe
+    envelopes: list[dict[str, Any]] = []
+    waits: list[Pending] = []
+    for run, where in zip(runs, at, strict=True):
+        cid = run.cid
+        tool_use_id = f"call_price_{run.index}_" + random_hex(8)
+        p.emit(
+            "tool_started",
+            {"toolUseId": tool_use_id, "toolName": "describe_prices", "input": {"candidate": cid}},
+            **where,
+        )
+        shown = {
+            "title": "Query cloud prices",
+            "purpose": f"Look up the monthly cost of {run.plan['label']}.",
+            "effect": "read",
+            "target": "bss:DescribePrice",
+            "isReadOnly": True,
+            "prompt": "Query cloud prices Allow once?",
+            "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
+            "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
+            "scope": "candidate_step",
+            "subPipelineId": cid,
         }
-        runs.append((candidate, coordinates))
-    for index, (candidate, at) in enumerate(runs, 1):
-        data = {"candidateId": candidate["id"], "label": candidate["label"], "index": index, "total": len(runs)}
-        p.emit("candidate_started", data, step=step, candidate=at["candidate"])
-    for _, at in runs:
-        p.emit("candidate_step_started", {"name": "price_estimation", "index": 1, "total": 1}, **at)
-    for _, at in runs:
-        p.emit("message_started", {"messageId": "msg_" + random_hex(24)}, **at)
-    for candidate, at in runs:
-        p.emit("text_delta", {"text": f"{candidate['label']}: "}, **at)
-    with p.batch():
-        for _, at in runs:
-            p.emit("text_delta", {"text": "estimating the monthly cost."}, **at)
-    if "PIPE-PERMS" in pipe.flags:
-        envelopes: list[dict[str, Any]] = []
-        waits: list[Pending] = []
-        for candidate, at in runs:
-            cid = candidate["id"]
-            tool_use_id = f"call_price_{cid}_" + random_hex(8)
-            p.emit(
-                "tool_started",
-                {"toolUseId": tool_use_id, "toolName": "describe_prices", "input": {"candidate": cid}},
-                **at,
-            )
-            shown = {
-                "title": "Query cloud prices",
-                "purpose": f"Look up the monthly cost of {candidate['label']}.",
-                "effect": "read",
-                "target": "bss:DescribePrice",
-                "isReadOnly": True,
-                "prompt": "Query cloud prices Allow once?",
-                "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
-                "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-                "scope": "candidate_step",
-                "subPipelineId": f"sub-{cid}",
-            }
-            wait = Pending.for_permission(
-                task_id=pipe.task_id,
-                context_id=pipe.context_id,
-                language=pipe.language,
-                tool_use_id=tool_use_id,
-                tool_name="describe_prices",
-                shown=shown,
-                extra={"candidate": cid, "coords": at},
-            )
-            waits.append(wait)
-            envelope = wait.envelope
-            data = {
-                key: envelope[key]
-                for key in (
-                    "kind",
-                    "inputId",
-                    "toolUseId",
-                    "toolName",
-                    "title",
-                    "prompt",
-                    "effect",
-                    "target",
-                    "options",
-                )
-            }
-            data.update(candidateId=cid, subPipelineId=f"sub-{cid}")
-            envelopes.append(p.event("permission_requested", data, status="input_required", **at))
-        answers = yield envelopes, waits
-        decisions = {pending.extra["candidate"]: decision for pending, decision in answers}
-        for (candidate, at), wait in zip(runs, waits, strict=True):
-            denied = decisions.get(candidate["id"]) != "allow_once"
-            result = (
-                "The user denied permission to run describe_prices."
-                if denied
-                else f"{candidate['label']} costs {candidate['totalMonthlyCost']} CNY per month."
-            )
-            data = {
-                "toolUseId": wait.tool_use_id,
-                "toolName": "describe_prices",
-                "isError": denied,
-                "result": result,
-                "input": {"candidate": candidate["id"]},
-            }
-            p.emit("tool_result", data, **at)
-    for _, at in runs:
-        p.emit("candidate_step_completed", {"name": "price_estimation", "durationS": 0.01}, **at)
-    for candidate, at in runs:
+        wait = Pending.for_permission(
+            task_id=pipe.task_id,
+            context_id=pipe.context_id,
+            language=pipe.language,
+            tool_use_id=tool_use_id,
+            tool_name="describe_prices",
+            shown=shown,
+            extra={"candidate": cid, "coords": where},
+        )
+        waits.append(wait)
+        envelope = wait.envelope
         data = {
-            "candidateId": candidate["id"],
-            "label": candidate["label"],
-            "totalMonthlyCost": candidate["totalMonthlyCost"],
+            key: envelope[key]
+            for key in ("kind", "inputId", "toolUseId", "toolName", "title", "prompt", "effect", "target", "options")
         }
-        p.emit("candidate_completed", data, step=step, candidate=at["candidate"])
+        data.update(candidateId=cid, subPipelineId=cid)
+        envelopes.append(p.event("permission_requested", data, status="input_required", **where))
+    answers = yield envelopes, waits
+    decisions = {pending.extra["candidate"]: decision for pending, decision in answers}
+    for run, where, wait in zip(runs, at, waits, strict=True):
+        denied = decisions.get(run.cid) != "allow_once"
+        result = (
+            "The user denied permission to run describe_prices."
+            if denied
+            else f"{run.plan['label']} costs {run.plan['totalMonthlyCost']} per month."
+        )
+        data = {
+            "toolUseId": wait.tool_use_id,
+            "toolName": "describe_prices",
+            "isError": denied,
+            "result": result,
+            "input": {"candidate": run.cid},
+        }
+        p.emit("tool_result", data, **where)
 
 
 def _pipe_complete_step(p: PipeRun, step: dict[str, Any], conclusion: dict[str, Any], *, ooo: bool) -> None:

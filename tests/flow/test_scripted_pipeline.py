@@ -105,6 +105,11 @@ def of_type(envs: list[dict[str, Any]], event_type: str) -> list[dict[str, Any]]
     return [e for e in envs if e["eventType"] == event_type]
 
 
+def candidate_ids(got: list[dict[str, Any]]) -> list[str]:
+    """The ids of the candidates a stream started (``evaluate_candidate_<hex8>``)."""
+    return [e["candidate"]["id"] for e in of_type(live(got), "candidate_started")]
+
+
 def start(kernel: ScriptedKernel, text: str, ctx: str | None = None, **iac_meta: Any) -> tuple[list[dict], str, str]:
     ctx = ctx or new_ctx("ctx-pipe-")
     iac_meta.setdefault("run_mode", "pipeline")
@@ -422,19 +427,51 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     got, task_id, ctx = start(kernel, "[PIPE-CANDIDATES] compare plans", **extra)
     envs = live(got)
     started = of_type(envs, "candidate_started")
-    assert [e["candidate"]["id"] for e in started] == ["c1", "c2"]
-    for env in started:
+    # as the real kernel (tests/data/a2a-selling/01): sub-pipeline ids, 0-based indexes, the
+    # candidate's steps listed in candidate_started, template_generating then cost_estimating
+    ids = [e["candidate"]["id"] for e in started]
+    assert len(ids) == 2 and all(re.fullmatch(r"evaluate_candidate_[0-9a-f]{8}", cid) for cid in ids)
+    for index, env in enumerate(started):
         assert env["scope"] == "candidate" and env["step"]["id"] == "evaluate_candidates"
         cid = env["candidate"]["id"]
-        assert env["candidate"] == {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"}
+        assert env["data"] == {
+            "candidateName": ["Plan A", "Plan B"][index],
+            "subPipelineId": cid,
+            "totalSteps": 2,
+            "candidateIndex": index,
+            "subPipelineName": "evaluate_candidate",
+        }
+        run_id = f"candidate-{cid}-{index}-1"
+        assert {k: v for k, v in env["candidate"].items() if k != "steps"} == {
+            "name": ["Plan A", "Plan B"][index],
+            "id": cid,
+            "runId": run_id,
+            "totalSteps": 2,
+            "pipelineName": "evaluate_candidate",
+            "index": index,
+            "attempt": 1,
+        }
+        assert [(s["id"], s["runId"], s["status"]) for s in env["candidate"]["steps"]] == [
+            (name, f"{run_id}-{name}-1", "pending") for name in ("template_generating", "cost_estimating")
+        ]
     # inside a candidate's step the real kernel's scope is "candidate_step" (tests/data/a2a-selling/01)
     deltas = [e for e in of_type(envs, "text_delta") if e["scope"] == "candidate_step"]
-    assert [e["candidate"]["id"] for e in deltas] == ["c1", "c2", "c1", "c2"]
+    assert [e["candidate"]["id"] for e in deltas] == ids + ids
+    assert [e["candidateStep"]["id"] for e in deltas] == ["template_generating"] * 2 + ["cost_estimating"] * 2
     for env in deltas:
-        assert env["candidateStep"]["id"] == "price_estimation"
-        assert env["candidateStep"]["runId"] == f"cstep-{env['candidate']['id']}-price_estimation-1"
-    for event_type in ("candidate_step_started", "candidate_step_completed", "candidate_completed"):
-        assert [e["candidate"]["id"] for e in of_type(envs, event_type)] == ["c1", "c2"]
+        assert env["candidateStep"]["runId"] == f"{env['candidate']['runId']}-{env['candidateStep']['id']}-1"
+        assert "steps" not in env["candidate"]
+    for event_type in ("candidate_step_started", "candidate_step_completed"):
+        assert [e["candidate"]["id"] for e in of_type(envs, event_type)] == ids + ids
+    assert [e["candidate"]["id"] for e in of_type(envs, "candidate_completed")] == ids
+    completed = of_type(envs, "candidate_completed")[1]["data"]
+    assert set(completed["conclusions"]) == {"template", "cost"}
+    assert set(completed["step_conclusions"]) == {"template_generating", "cost_estimating"}
+    evaluated = [e for e in of_type(envs, "step_completed") if e["step"]["id"] == "evaluate_candidates"]
+    assert evaluated[0]["data"]["candidatesCount"] == 2 and len(evaluated[0]["data"]["conclusion"]) == 2
+    # the parallel step has no LLM turn of its own (no complete_step outside the candidates)
+    own = [e for e in of_type(envs, "tool_started") if e["scope"] == "step"]
+    assert "evaluate_candidates" not in [e["step"]["id"] for e in own]
     assert any(
         "pipelineBatch" in iac(f) and {e["scope"] for e in iac(f)["pipelineBatch"]["events"]} == {"candidate_step"}
         for f in got[1:]
@@ -479,7 +516,10 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
         assert completed["earlyExit"] is False and handoff["outcome"] == "completed"
     snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
     step = next(s for s in snap["steps"] if s["id"] == "evaluate_candidates")
-    assert [(c["id"], c["status"]) for c in step["candidates"]] == [("c1", "completed"), ("c2", "completed")]
+    assert [(c["id"], c["name"], c["status"]) for c in step["candidates"]] == [
+        (ids[0], "Plan A", "completed"),
+        (ids[1], "Plan B", "completed"),
+    ]
     assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["selectedCandidateId"] == "c2"
 
 
@@ -495,7 +535,7 @@ def _perm_wait(kernel: ScriptedKernel) -> tuple[list[dict[str, Any]], str, str, 
     assert iac(last)["permission"]["pending"] is True
     batch = iac(last)["pipelineBatch"]["events"]
     assert types(batch) == ["permission_requested", "permission_requested"]
-    assert [e["candidate"]["id"] for e in batch] == ["c1", "c2"]
+    assert [e["candidate"]["id"] for e in batch] == candidate_ids(got)
     assert all(e["status"] == "input_required" and e["scope"] == "candidate_step" for e in batch)
     return got, task_id, ctx, pending
 
@@ -503,7 +543,8 @@ def _perm_wait(kernel: ScriptedKernel) -> tuple[list[dict[str, Any]], str, str, 
 def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKernel) -> None:
     got, task_id, ctx, pending = _perm_wait(kernel)
     assert len(pending) == 2
-    for env, cid in zip(pending, ("c1", "c2"), strict=True):
+    c1, c2 = candidate_ids(got)
+    for env, cid in zip(pending, (c1, c2), strict=True):
         assert {
             "schemaVersion",
             "kind",
@@ -525,7 +566,7 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
             "scope",
             "subPipelineId",
         } == set(env)
-        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate_step", f"sub-{cid}")
+        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate_step", cid)
         assert (env["requestTaskId"], env["contextId"], env["schemaVersion"]) == (task_id, ctx, 1.0)
         assert re.fullmatch(r"permission-[0-9a-f]{32}", env["inputId"])
         assert [o["id"] for o in env["options"]] == ["allow_once", "deny"]
@@ -585,9 +626,13 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
     assert state(rest[-1]) == "TASK_STATE_COMPLETED"
     events = journal(kernel, task_id)
     resolved = of_type(events, "permission_resolved")
-    assert [(e["candidate"]["id"], e["data"]["decision"]) for e in resolved] == [("c2", "allow_once"), ("c1", "deny")]
-    results = {e["candidate"]["id"]: e["data"]["isError"] for e in of_type(events, "tool_result") if "candidate" in e}
-    assert results == {"c1": True, "c2": False}
+    assert [(e["candidate"]["id"], e["data"]["decision"]) for e in resolved] == [(c2, "allow_once"), (c1, "deny")]
+    results = {
+        e["candidate"]["id"]: e["data"]["isError"]
+        for e in of_type(events, "tool_result")
+        if e["data"]["toolName"] == "describe_prices"
+    }
+    assert results == {c1: True, c2: False}
     assert {e["eventId"] for e in live(rest)} <= {e["eventId"] for e in events}
     snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
     assert [(p["status"], p["decision"]) for p in snap["display"]["permissions"]] == [
@@ -626,8 +671,8 @@ def test_pipe_perms_streaming_answers(kernel: ScriptedKernel) -> None:
     assert iac(two[0])["inputReceived"]["inputId"] == pending[1]["inputId"]
     assert iac(two[0])["pipeline"]["eventType"] == "permission_resolved"
     envs = live(two)
-    candidate_results = [e for e in of_type(envs, "tool_result") if e["scope"] == "candidate_step"]
-    assert [e["candidate"]["id"] for e in candidate_results] == ["c1", "c2"]
+    candidate_results = [e for e in of_type(envs, "tool_result") if e["data"]["toolName"] == "describe_prices"]
+    assert [e["candidate"]["id"] for e in candidate_results] == candidate_ids(got)
     assert not any(e["data"]["isError"] for e in candidate_results)
     assert state(two[-1]) == "TASK_STATE_COMPLETED"
     # Answering again is an error.
