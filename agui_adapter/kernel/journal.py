@@ -158,6 +158,7 @@ class Pipeline:
                     "total": coordinate["total"],
                     "type": "normal",
                 }
+                | ({"uiMode": coordinate["uiMode"]} if coordinate.get("uiMode") else {})
             )
         elif kind == "message_started":
             key = self._run_key(envelope)
@@ -223,8 +224,6 @@ class Pipeline:
                     item.update({k: v for k, v in data.items() if k in ("conclusions", "failed", "step_conclusions")})
             if candidate["runId"] in self.active_candidates:
                 self.active_candidates.remove(candidate["runId"])
-        elif kind == "candidate_selected" and step is not None:
-            step["selectedCandidateId"] = data.get("candidateId")
         elif kind == "step_completed" and step is not None:
             step.update(
                 {

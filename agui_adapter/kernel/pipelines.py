@@ -65,6 +65,11 @@ _ASK = _Question("ask_user_question", "ask_user_question", "ask", ASK_PROMPT, Tr
 _CONFIRM = _Question("deployment_confirmation", "confirm_deployment", "confirm", CONFIRM_PROMPT, False, CONFIRM_OPTIONS)
 
 
+def _cost(value: float) -> str:
+    """A monthly cost as the cost step writes it (the real kernel passes the LLM's strings on)."""
+    return f"¥{value:.2f}/月"
+
+
 def _candidate(cid: str, label: str, summary: str, flow: str, costs: dict[str, float]) -> dict[str, Any]:
     """A candidate plan as ``rich-v1`` presents it (the total is the sum of its cost items)."""
     return {
@@ -72,9 +77,21 @@ def _candidate(cid: str, label: str, summary: str, flow: str, costs: dict[str, f
         "label": label,
         "summary": summary,
         "architectureDiagram": "flowchart LR\n  " + flow,
-        "totalMonthlyCost": sum(costs.values()),
-        "costItems": [{"name": name, "monthlyCost": cost} for name, cost in costs.items()],
+        "totalMonthlyCost": _cost(sum(costs.values())),
+        "costItems": [{"name": name, "monthlyCost": _cost(cost)} for name, cost in costs.items()],
     }
+
+
+def _llm_option(index: int, plan: dict[str, Any], rich: bool) -> dict[str, Any]:
+    """An option of confirm_and_select's first conclusion, as the LLM writes it (snake case)."""
+    option: dict[str, Any] = {"name": plan["label"], "summary": plan["summary"], "candidate_index": index}
+    if rich:
+        option.update(
+            total_monthly_cost=plan["totalMonthlyCost"],
+            architecture_diagram=plan["architectureDiagram"],
+            cost_items=[{"name": item["name"], "monthly_cost": item["monthlyCost"]} for item in plan["costItems"]],
+        )
+    return option
 
 
 CANDIDATES: tuple[dict[str, Any], ...] = (
@@ -148,6 +165,8 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
     for name in PIPELINE_STEPS:
         step = p.coord(name)
         index = step["index"]
+        # selling.yaml: confirm_and_select is the step with a ui_mode (step_started, tests/data/a2a-selling/01)
+        ui_mode = "candidate_selection" if name == "confirm_and_select" else None
         if index > 1 and "PIPE-SLOW" in flags:
             assert p.run is not None
             p.run.sleep(0.5)
@@ -157,13 +176,13 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
                 "transcript_id": f"transcript_att_{index:04d}",
                 "active_attempt_id": f"att_{index:04d}",
                 "total": len(PIPELINE_STEPS),
-                "uiMode": None,
+                "uiMode": ui_mode,
                 "index": index,
                 "name": name,
                 "attempt": 1,
                 "stepType": "normal",
             },
-            step=dict(step, type="normal", uiMode=None),
+            step=dict(step, type="normal", uiMode=ui_mode),
         )
         if name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
             # the parallel step has no LLM turn of its own: it completes with its candidates' results
@@ -184,15 +203,20 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             conclusion["vpcId"] = selection["value"] if selection["status"] == "selected" else None
             asked = True
         elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
-            # as the real kernel: the options' ids are the candidates' indexes ("0", "1")
-            options = [
-                dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]}
-                for i, c in enumerate(copy.deepcopy(CANDIDATES))
+            # as the real kernel (tests/data/a2a-selling/01, 02): the step first completes with the
+            # LLM's options, then waits; the options' ids are the candidates' indexes ("0", "1")
+            plans = copy.deepcopy(CANDIDATES)
+            offered = [_llm_option(i, c, pipe.rich) for i, c in enumerate(plans)]
+            shown = [
+                dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]} for i, c in enumerate(plans)
             ]
-            option = yield from _pipe_selection(p, step, options)
-            chosen = CANDIDATES[int(option["id"])]
-            p.emit("candidate_selected", {"candidateId": chosen["id"], "label": chosen["label"]}, step=step)
-            conclusion["candidateId"] = chosen["id"]
+            _pipe_complete_step(p, step, {"options": offered, "user_prompt": SELECT_PROMPT}, ooo=False)
+            index = yield from _pipe_selection(p, step, offered, shown)
+            conclusion = {
+                "selected_evaluated_candidate_index": index,
+                "selected_candidate_name": plans[index]["label"],
+                "selected_candidate_index": index,
+            }
             asked = True
         elif name == "deploying" and "PIPE-CANDIDATES" in flags:
             option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
@@ -296,46 +320,47 @@ def _pipe_question(
     return answer["option"], answer["text"]
 
 
-def _pipe_selection(p: PipeRun, step: dict[str, Any], options: list[dict[str, Any]]) -> Generator[Any, Any, Any]:
+def _pipe_selection(
+    p: PipeRun, step: dict[str, Any], offered: list[dict[str, Any]], shown: list[dict[str, Any]]
+) -> Generator[Any, Any, int]:
     """The candidate_selection wait as the real kernel raises it (tests/data/a2a-selling/01, 02).
 
-    No tool call: ``input_required`` (data ``stepId, prompt, kind, options``) whose input has an
-    ``input-evt-<hex>`` id and no ``toolUseId`` or ``allowFreeText``; the answer (the label or the
-    id) gets ``input_received`` with ``selectedValue, selectedIndex, selectedOption,
-    userInputLength``. Returns the chosen option.
+    No tool call: ``input_required`` (data ``stepId, options, prompt, kind``, the options as the
+    LLM concluded them; no ``input`` in the envelope) whose ``iac_code.input`` has the id
+    ``input-<the envelope's eventId>``, the ``shown`` options and no ``toolUseId`` or
+    ``allowFreeText``; the answer (the label or the id) gets ``input_received`` with
+    ``userInputLength, selectedValue, kind, selectedIndex, selectedOption``. Returns the index.
     """
     pipe = p.pipe
-    input_id = "input-evt-" + random_hex(32)
-    data = {"stepId": step["id"], "prompt": SELECT_PROMPT, "kind": "candidate_selection", "options": options}
-    envelope = p.event(
-        "input_required", data, status="input_required", step=step, input_=dict(data, inputId=input_id, required=True)
-    )
+    data = {"stepId": step["id"], "options": offered, "prompt": SELECT_PROMPT, "kind": "candidate_selection"}
+    envelope = p.event("input_required", data, status="input_required", step=step)
+    input_id = "input-" + envelope["eventId"]
     unified = as_struct(
         {
             "schemaVersion": 1,
-            "kind": "candidate_selection",
-            "required": True,
-            "requestTaskId": pipe.task_id,
-            "contextId": pipe.context_id,
             "inputId": input_id,
+            "contextId": pipe.context_id,
+            "options": shown,
+            "requestTaskId": pipe.task_id,
+            "required": True,
             "prompt": SELECT_PROMPT,
-            "options": options,
+            "kind": "candidate_selection",
         }
     )
     answer = yield [envelope], [Pending("candidate_selection", input_id, "", unified)]
-    option = answer["option"]
+    index = int(answer["option"]["id"])
     p.emit(
         "input_received",
         {
-            "kind": "candidate_selection",
-            "selectedValue": answer["text"],
-            "selectedIndex": int(option["id"]),
-            "selectedOption": option,
             "userInputLength": len(answer["text"]),
+            "selectedValue": answer["text"],
+            "kind": "candidate_selection",
+            "selectedIndex": index,
+            "selectedOption": offered[index],
         },
         step=step,
     )
-    return option
+    return index
 
 
 def _pipe_resource(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict[str, Any]]:

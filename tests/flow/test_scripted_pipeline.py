@@ -492,13 +492,25 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
         assert all(set(option) == {"id", "label"} for option in wait["options"])
     error = rpc_error(rpc(kernel, "SendStreamingMessage", message("Plan Z", context_id=ctx, task_id=task_id)))
     assert error["code"] == -32602
+    # the wait comes after confirm_and_select completed with the LLM's options (tests/data/a2a-selling/01)
+    selecting = [e for e in envs if e.get("step", {}).get("id") == "confirm_and_select"]
+    assert types(selecting)[0] == "step_started" and selecting[0]["step"]["uiMode"] == "candidate_selection"
+    assert types(selecting)[-2:] == ["step_completed", "input_required"]
+    offered = selecting[-2]["data"]["conclusion"]["options"]
+    assert [o["candidate_index"] for o in offered] == [0, 1] and selecting[-1]["data"]["options"] == offered
+    assert "input" not in selecting[-1] and wait["inputId"] == "input-" + selecting[-1]["eventId"]
     picked = answer(kernel, ctx, task_id, "Plan B")
     picked_envs = live(picked)
     assert picked_envs[0]["eventType"] == "input_received"
     received = picked_envs[0]["data"]
     assert received["kind"] == "candidate_selection"
     assert (received["selectedIndex"], received["selectedValue"]) == (1, "Plan B")
-    assert of_type(picked_envs, "candidate_selected")[0]["data"] == {"candidateId": "c2", "label": "Plan B"}
+    assert received["selectedOption"] == offered[1]
+    # no candidate_selected (the real kernel has none): the step's LLM turn concludes the choice
+    assert "candidate_selected" not in types(picked_envs)
+    again = [e for e in picked_envs if e.get("step", {}).get("id") == "confirm_and_select"]
+    assert types(again)[-1] == "step_completed" and "step_started" not in types(again)
+    assert again[-1]["data"]["conclusion"]["selected_candidate_index"] == 1
     # deploying waits for a deployment_confirmation.
     confirm = iac(picked[-1])["input"]
     assert state(picked[-1]) == "TASK_STATE_INPUT_REQUIRED"
@@ -520,7 +532,7 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
         (ids[0], "Plan A", "completed"),
         (ids[1], "Plan B", "completed"),
     ]
-    assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["selectedCandidateId"] == "c2"
+    assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["inputReceived"]["selectedIndex"] == 1
 
 
 # --------------------------------------------------------------------------- [PIPE-PERMS]
