@@ -10,6 +10,7 @@ the envelopes.
 from __future__ import annotations
 
 import copy
+import queue
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,11 +37,6 @@ def wait_iac(waits: list[Pending]) -> dict[str, Any]:
     """The ``iac_code`` keys that describe the pending waits of a pipeline task."""
     first = waits[0]
     iac: dict[str, Any] = {"input": first.envelope}
-    if first.permission is not None:
-        iac["permission"] = first.permission
-    permissions = [w.envelope for w in waits if w.kind == "permission"]
-    if permissions:
-        iac["pendingPermissions"] = permissions
     if first.kind == "cloud_resource_selection":
         iac["inputRequired"] = first.envelope
     return iac
@@ -90,7 +86,9 @@ class Pipeline:
     normal_handoff: dict[str, Any] | None = None
     pending_handoff: dict[str, Any] | None = None
     waits: list[Pending] = field(default_factory=list)
-    answers: list[tuple[Pending, str]] = field(default_factory=list)
+    # candidate-step permissions: waited for while the task stays WORKING, answered out of band
+    side_waits: list[Pending] = field(default_factory=list)
+    side_answers: queue.SimpleQueue[tuple[Pending, str]] = field(default_factory=queue.SimpleQueue)
     gen: Generator[Any, Any, None] | None = None
     runner: PipeRun | None = None
 
@@ -187,6 +185,7 @@ class Pipeline:
                 step["inputReceived"] = dict(data)
         elif kind == "permission_requested":
             entry = self._entry(envelope, candidate=dict(envelope.get("candidate") or {}))
+            entry["inputId"] = (envelope.get("permission") or {}).get("inputId")
             entry["status"] = "pending"
             self.permissions.append(entry)
             if self.pending_input is None:

@@ -10,14 +10,15 @@ story in order in one place; :mod:`agui_adapter.kernel.pipeline_waits` drives it
 from __future__ import annotations
 
 import copy
+import queue
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 from agui_adapter.kernel.frames import PipeRun
 from agui_adapter.kernel.journal import PIPELINE_STEPS
-from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT
-from agui_adapter.kernel.tasks import Pending
+from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT, write_file_result, write_permission_shown
+from agui_adapter.kernel.tasks import Canceled, Pending
 from agui_adapter.kernel.wire import as_struct, random_hex
 
 PIPELINE_FIELDS = {
@@ -186,7 +187,7 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
         )
         if name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
             # the parallel step has no LLM turn of its own: it completes with its candidates' results
-            evaluated = yield from _pipe_candidates(p, step)
+            evaluated = _pipe_candidates(p, step)
             data = {"durationS": 0.05, "conclusionField": PIPELINE_FIELDS[name], "conclusion": evaluated}
             p.emit("step_completed", dict(data, candidatesCount=len(evaluated)), step=step)
             continue
@@ -456,12 +457,12 @@ def _candidate_runs(step: dict[str, Any]) -> list[_CandidateRun]:
     return runs
 
 
-def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, list[dict[str, Any]]]:
+def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> list[dict[str, Any]]:
     """Two candidates evaluated in parallel (interleaved), as the real kernel sends them.
 
     Each runs ``template_generating`` then ``cost_estimating``; every event inside a candidate's
-    step has scope ``candidate_step``. With ``[PIPE-PERMS]`` each candidate's cost step first asks
-    for a permission. Returns the step's conclusion (one entry per candidate).
+    step has scope ``candidate_step``. With ``[PIPE-PERMS]`` each candidate's template step first
+    writes its template, behind a permission. Returns the step's conclusion (one entry per candidate).
     """
     pipe = p.pipe
     runs = _candidate_runs(step)
@@ -493,8 +494,8 @@ def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, li
             p.emit("message_started", {"messageId": "msg_" + random_hex(24)}, **where)
         for run, where in zip(runs, at, strict=True):
             p.emit("text_delta", {"text": f"{run.plan['label']}: working on {step_id}."}, **where)
-        if step_id == "cost_estimating" and "PIPE-PERMS" in pipe.flags:
-            yield from _candidate_permissions(p, runs, at)
+        if step_id == "template_generating" and "PIPE-PERMS" in pipe.flags:
+            _candidate_permissions(p, runs, at)
         calls = [(run, where, "call_complete_" + random_hex(12)) for run, where in zip(runs, at, strict=True)]
         for run, where, call in calls:
             tool_input = {"conclusion": run.conclusion(step_id)}
@@ -540,67 +541,109 @@ def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, li
     return evaluated
 
 
-def _candidate_permissions(
-    p: PipeRun, runs: list[_CandidateRun], at: list[dict[str, Any]]
-) -> Generator[Any, Any, None]:
-    """Each candidate's step asks for a ``describe_prices`` permission; the answers resume it."""
+def _candidate_permissions(p: PipeRun, runs: list[_CandidateRun], at: list[dict[str, Any]]) -> None:
+    """Each candidate's template step writes its template: a ``write_file`` permission per candidate.
+
+    As the real kernel (tests/data/a2a-selling/05, 08): each ``permission_requested`` (data
+    ``{toolName, toolUseId}``, a ``permission`` object in the envelope) goes out in its own WORKING
+    statusUpdate with ``iac_code.input`` (``scope: "candidate_step"``, ``subPipelineId``); the
+    task stays WORKING and the stream open while the kernel waits; GetTask lists the waits in
+    ``pendingPermissions``. Answers come out of band (:func:`sideband_answer_locked`); each gets
+    ``permission_resolved`` on the pipeline's stream, then the writes run.
+    """
     pipe = p.pipe
-    envelopes: list[dict[str, Any]] = []
     waits: list[Pending] = []
     for run, where in zip(runs, at, strict=True):
-        cid = run.cid
-        tool_use_id = f"call_price_{run.index}_" + random_hex(8)
-        p.emit(
-            "tool_started",
-            {"toolUseId": tool_use_id, "toolName": "describe_prices", "input": {"candidate": cid}},
-            **where,
+        path = run.conclusion("template_generating")["file_path"]
+        tool_use_id = f"call_write_{run.index}_" + random_hex(8)
+        tool_input = {"content": TEMPLATE, "path": path}
+        p.emit("tool_started", {"toolName": "write_file", "input": tool_input, "toolUseId": tool_use_id}, **where)
+        shown = dict(
+            write_permission_shown(pipe.language, path, TEMPLATE), scope="candidate_step", subPipelineId=run.cid
         )
-        shown = {
-            "title": "Query cloud prices",
-            "purpose": f"Look up the monthly cost of {run.plan['label']}.",
-            "effect": "read",
-            "target": "bss:DescribePrice",
-            "isReadOnly": True,
-            "prompt": "Query cloud prices Allow once?",
-            "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
-            "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-            "scope": "candidate_step",
-            "subPipelineId": cid,
-        }
-        wait = Pending.for_permission(
-            task_id=pipe.task_id,
-            context_id=pipe.context_id,
-            language=pipe.language,
-            tool_use_id=tool_use_id,
-            tool_name="describe_prices",
-            shown=shown,
-            extra={"candidate": cid, "coords": where},
+        waits.append(
+            Pending.for_permission(
+                task_id=pipe.task_id,
+                context_id=pipe.context_id,
+                language=pipe.language,
+                tool_use_id=tool_use_id,
+                tool_name="write_file",
+                shown=shown,
+                extra={"coords": where, "input": tool_input},
+            )
         )
-        waits.append(wait)
+    with p.batch():
+        for where in at:
+            p.emit("usage", dict(_PIPE_USAGE), **where)
+            p.emit("context_usage", _context_usage(1), **where)
+    with p.state.lock:
+        pipe.side_waits = list(waits)
+    for wait in waits:
         envelope = wait.envelope
-        data = {
+        permission = {
             key: envelope[key]
-            for key in ("kind", "inputId", "toolUseId", "toolName", "title", "prompt", "effect", "target", "options")
+            for key in (
+                "safeSummary",
+                "language",
+                "title",
+                "purpose",
+                "effect",
+                "toolUseId",
+                "target",
+                "inputId",
+                "toolName",
+                "prompt",
+                "options",
+                "isReadOnly",
+            )
         }
-        data.update(candidateId=cid, subPipelineId=cid)
-        envelopes.append(p.event("permission_requested", data, status="input_required", **where))
-    answers = yield envelopes, waits
-    decisions = {pending.extra["candidate"]: decision for pending, decision in answers}
-    for run, where, wait in zip(runs, at, waits, strict=True):
-        denied = decisions.get(run.cid) != "allow_once"
-        result = (
-            "The user denied permission to run describe_prices."
-            if denied
-            else f"{run.plan['label']} costs {run.plan['totalMonthlyCost']} per month."
+        permission.update(permissionId=wait.input_id, pending=True)
+        requested = p.event(
+            "permission_requested",
+            {"toolName": "write_file", "toolUseId": wait.tool_use_id},
+            permission=permission,
+            **wait.extra["coords"],
         )
+        p.send(requested, extra={"input": envelope})
+    decisions = _await_sideband(p, waits)
+    assert p.run is not None
+    for wait in waits:
+        tool_input = wait.extra["input"]
+        if decisions[wait.input_id] == "allow_once":
+            denied, result = write_file_result(pipe.language, p.run.task.cwd, tool_input["path"], TEMPLATE)
+        else:
+            denied, result = True, "The user denied permission to run write_file."
+        data = {"result": result, "toolName": "write_file", "isError": denied, "input": tool_input}
+        p.emit("tool_result", dict(data, toolUseId=wait.tool_use_id), **wait.extra["coords"])
+
+
+def _await_sideband(p: PipeRun, waits: list[Pending]) -> dict[str, str]:
+    """Block until every candidate-step permission is answered; ``permission_resolved`` for each."""
+    pipe = p.pipe
+    assert p.run is not None
+    decisions: dict[str, str] = {}
+    while len(decisions) < len(waits):
+        try:
+            pending, decision = pipe.side_answers.get(timeout=0.02)
+        except queue.Empty:
+            if p.run.task.cancel_event.is_set():
+                with p.state.lock:
+                    pipe.side_waits = []
+                raise Canceled() from None
+            continue
+        decisions[pending.input_id] = decision
         data = {
-            "toolUseId": wait.tool_use_id,
-            "toolName": "describe_prices",
-            "isError": denied,
-            "result": result,
-            "input": {"candidate": run.cid},
+            "kind": "permission",
+            "decision": decision,
+            "pending": False,
+            "toolName": pending.envelope["toolName"],
+            "inputId": pending.input_id,
+            "permissionId": pending.input_id,
+            "toolUseId": pending.tool_use_id,
         }
-        p.emit("tool_result", data, **where)
+        permission = {k: v for k, v in data.items() if k != "kind"}
+        p.emit("permission_resolved", data, permission=permission, **pending.extra["coords"])
+    return decisions
 
 
 def _pipe_complete_step(p: PipeRun, step: dict[str, Any], conclusion: dict[str, Any], *, ooo: bool) -> None:

@@ -538,25 +538,41 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
 # --------------------------------------------------------------------------- [PIPE-PERMS]
 
 
-def _perm_wait(kernel: ScriptedKernel) -> tuple[list[dict[str, Any]], str, str, list[dict[str, Any]]]:
-    got, task_id, ctx = start(kernel, "[PIPE-PERMS] price the plans", preferredLanguage="en")
-    last = got[-1]
-    assert state(last) == "TASK_STATE_INPUT_REQUIRED"
-    pending = iac(last)["pendingPermissions"]
-    assert iac(last)["input"] == pending[0]
-    assert iac(last)["permission"]["pending"] is True
-    batch = iac(last)["pipelineBatch"]["events"]
-    assert types(batch) == ["permission_requested", "permission_requested"]
-    assert [e["candidate"]["id"] for e in batch] == candidate_ids(got)
-    assert all(e["status"] == "input_required" and e["scope"] == "candidate_step" for e in batch)
-    return got, task_id, ctx, pending
+def _perm_wait(kernel: ScriptedKernel, workspace: str) -> tuple[Any, list[dict[str, Any]], str, str, list[dict]]:
+    """A [PIPE-PERMS] pipeline read until both candidates wait for their write_file permission.
+
+    As the real kernel (tests/data/a2a-selling/05, 08): each ``permission_requested`` comes in a
+    WORKING frame of its own with ``iac_code.input``, and the stream stays open.
+    """
+    ctx = new_ctx("ctx-pipe-")
+    params = message("[PIPE-PERMS] price the plans", context_id=ctx, cwd=workspace, run_mode="pipeline")
+    stream = open_stream(rpc(kernel, "SendStreamingMessage", params, stream=True))
+    got: list[dict[str, Any]] = [next(stream)]
+    task_id = got[0]["result"]["task"]["id"]
+    asked: list[dict[str, Any]] = []
+    while len(asked) < 2:
+        frame = next(stream)
+        got.append(frame)
+        if "permission_requested" in types(envelopes(frame)):
+            asked.append(frame)
+    assert all(state(f) == "TASK_STATE_WORKING" for f in got[1:])
+    pending = [iac(f)["input"] for f in asked]
+    for frame, wait, cid in zip(asked, pending, candidate_ids(got), strict=True):
+        assert set(iac(frame)) == {"pipeline", "input"}  # no permission, no pendingPermissions
+        requested = iac(frame)["pipeline"]
+        assert requested["status"] == "working" and requested["scope"] == "candidate_step"
+        assert requested["candidate"]["id"] == cid and requested["candidateStep"]["id"] == "template_generating"
+        assert requested["data"] == {"toolName": "write_file", "toolUseId": wait["toolUseId"]}
+        assert requested["permission"]["inputId"] == requested["permission"]["permissionId"] == wait["inputId"]
+        assert requested["permission"]["pending"] is True
+        assert (wait["kind"], wait["scope"], wait["subPipelineId"]) == ("permission", "candidate_step", cid)
+    return stream, got, task_id, ctx, pending
 
 
-def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKernel) -> None:
-    got, task_id, ctx, pending = _perm_wait(kernel)
-    assert len(pending) == 2
+def test_pipe_perms_wait_in_working_and_take_unary_answers(kernel: ScriptedKernel, tmp_path: Any) -> None:
+    stream, got, task_id, ctx, pending = _perm_wait(kernel, str(tmp_path))
     c1, c2 = candidate_ids(got)
-    for env, cid in zip(pending, (c1, c2), strict=True):
+    for env in pending:
         assert {
             "schemaVersion",
             "kind",
@@ -578,12 +594,15 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
             "scope",
             "subPipelineId",
         } == set(env)
-        assert (env["kind"], env["scope"], env["subPipelineId"]) == ("permission", "candidate_step", cid)
         assert (env["requestTaskId"], env["contextId"], env["schemaVersion"]) == (task_id, ctx, 1.0)
+        assert (env["toolName"], env["effect"]) == ("write_file", "file_change")
         assert re.fullmatch(r"permission-[0-9a-f]{32}", env["inputId"])
         assert [o["id"] for o in env["options"]] == ["allow_once", "deny"]
+    # the stored task stays WORKING and lists the waits (the real task store's pendingPermissions)
     task = get_task(kernel, task_id)
+    assert task["status"]["state"] == "TASK_STATE_WORKING"
     assert task["metadata"]["iac_code"]["pendingPermissions"] == pending
+    assert "input" not in task["metadata"]["iac_code"]
     # Unknown inputId: capture 18.
     bogus = dict(pending[0], inputId="permission-" + "0" * 32)
     error = rpc_error(
@@ -594,8 +613,8 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
         )
     )
     assert (error["code"], error["message"]) == (-32602, PERMISSION_NOT_ACTIVE)
-    # First answer (the second wait): acknowledged, the other wait remains. As the real kernel
-    # (tests/data/a2a-selling/README.md), the unary answer returns a permission_ack agent Message.
+    # First answer (the second wait): the unary call returns a permission_ack agent Message
+    # (tests/data/a2a-selling/08), the other wait remains.
     ack = rpc(
         kernel,
         "SendMessage",
@@ -617,83 +636,89 @@ def test_pipe_perms_two_waits_unary_answers_then_subscribe(kernel: ScriptedKerne
         }
     ]
     first = get_task(kernel, task_id)
-    assert first["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert first["status"]["state"] == "TASK_STATE_WORKING"
     assert first["metadata"]["iac_code"]["pendingPermissions"] == [pending[0]]
-    assert first["metadata"]["iac_code"]["input"] == pending[0]
-    # Second answer: acknowledged at once, the pipeline continues.
     second_ack = rpc(
         kernel,
         "SendMessage",
         message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[0], "deny")),
     ).json()["result"]["message"]
     assert second_ack["parts"][0]["data"]["decision"] == "deny"
-    second = get_task(kernel, task_id)
-    assert second["id"] == task_id and second["status"]["state"] == "TASK_STATE_WORKING"
-    assert "pendingPermissions" not in second["metadata"]["iac_code"]
-    sub = open_stream(rpc(kernel, "SubscribeToTask", {"id": task_id}, rid="req-sub", stream=True))
-    head = next(sub)
-    assert head["id"] == "req-sub" and head["result"]["task"]["status"]["state"] == "TASK_STATE_WORKING"
-    rest = list(sub)
+    # the pipeline's own stream goes on: permission_resolved for each answer, the writes, the end
+    rest = list(stream)
     assert rest and all(kind(f) == "statusUpdate" for f in rest)
     assert state(rest[-1]) == "TASK_STATE_COMPLETED"
-    events = journal(kernel, task_id)
-    resolved = of_type(events, "permission_resolved")
+    envs = live(rest)
+    resolved = of_type(envs, "permission_resolved")
     assert [(e["candidate"]["id"], e["data"]["decision"]) for e in resolved] == [(c2, "allow_once"), (c1, "deny")]
-    results = {
-        e["candidate"]["id"]: e["data"]["isError"]
-        for e in of_type(events, "tool_result")
-        if e["data"]["toolName"] == "describe_prices"
-    }
-    assert results == {c1: True, c2: False}
-    assert {e["eventId"] for e in live(rest)} <= {e["eventId"] for e in events}
-    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
-    assert [(p["status"], p["decision"]) for p in snap["display"]["permissions"]] == [
-        ("resolved", "deny"),
-        ("resolved", "allow_once"),
-    ]
-
-
-def test_pipe_perms_streaming_answers(kernel: ScriptedKernel) -> None:
-    got, task_id, ctx, pending = _perm_wait(kernel)
-    one = frames(
-        rpc(
-            kernel,
-            "SendStreamingMessage",
-            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[0], "allow_once")),
-            stream=True,
-        )
-    )
-    assert [state(f) for f in one] == ["TASK_STATE_WORKING", "TASK_STATE_INPUT_REQUIRED"]
-    assert iac(one[0])["inputReceived"] == {
-        "toolUseId": pending[0]["toolUseId"],
+    assert resolved[0]["data"] == {
         "kind": "permission",
-        "inputId": pending[0]["inputId"],
         "decision": "allow_once",
+        "pending": False,
+        "toolName": "write_file",
+        "inputId": pending[1]["inputId"],
+        "permissionId": pending[1]["inputId"],
+        "toolUseId": pending[1]["toolUseId"],
     }
-    assert iac(one[0])["pipeline"]["eventType"] == "permission_resolved"
-    assert iac(one[1])["pendingPermissions"] == [pending[1]] and iac(one[1])["input"] == pending[1]
-    two = frames(
-        rpc(
-            kernel,
-            "SendStreamingMessage",
-            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "allow_once")),
-            stream=True,
-        )
-    )
-    assert iac(two[0])["inputReceived"]["inputId"] == pending[1]["inputId"]
-    assert iac(two[0])["pipeline"]["eventType"] == "permission_resolved"
-    envs = live(two)
-    candidate_results = [e for e in of_type(envs, "tool_result") if e["data"]["toolName"] == "describe_prices"]
-    assert [e["candidate"]["id"] for e in candidate_results] == candidate_ids(got)
-    assert not any(e["data"]["isError"] for e in candidate_results)
-    assert state(two[-1]) == "TASK_STATE_COMPLETED"
+    writes = {
+        e["candidate"]["id"]: e["data"] for e in of_type(envs, "tool_result") if e["data"]["toolName"] == "write_file"
+    }
+    assert (writes[c1]["isError"], writes[c2]["isError"]) == (True, False)
+    written = tmp_path / pending[1]["target"]
+    assert writes[c2]["result"].endswith(str(written)) and written.read_text().startswith("ROSTemplateFormatVersion")
+    assert not (tmp_path / pending[0]["target"]).exists()
+    events = journal(kernel, task_id)
+    live_only = {e["eventId"] for e in events if e.get("visibility") != "pending_backup"}
+    assert {e["eventId"] for e in live(got + rest)} == live_only
+    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
+    assert [(p["inputId"], p["status"], p["decision"]) for p in snap["display"]["permissions"]] == [
+        (pending[0]["inputId"], "resolved", "deny"),
+        (pending[1]["inputId"], "resolved", "allow_once"),
+    ]
+    assert "pendingPermissions" not in get_task(kernel, task_id)["metadata"]["iac_code"]
     # Answering again is an error.
     again = rpc(
         kernel,
-        "SendStreamingMessage",
+        "SendMessage",
         message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, pending[1], "deny")),
     )
     assert rpc_error(again)["code"] == -32602
+
+
+def test_pipe_perms_streaming_answers(kernel: ScriptedKernel, tmp_path: Any) -> None:
+    stream, got, task_id, ctx, pending = _perm_wait(kernel, str(tmp_path))
+    for wait in pending:
+        one = frames(
+            rpc(
+                kernel,
+                "SendStreamingMessage",
+                message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, wait, "allow_once")),
+                stream=True,
+            )
+        )
+        # a scripted choice (not observed): the answer's own stream only acknowledges it
+        assert [state(f) for f in one] == ["TASK_STATE_WORKING"]
+        assert iac(one[0])["inputReceived"] == {
+            "toolUseId": wait["toolUseId"],
+            "kind": "permission",
+            "inputId": wait["inputId"],
+            "decision": "allow_once",
+        }
+    rest = list(stream)
+    envs = live(rest)
+    assert [e["data"]["inputId"] for e in of_type(envs, "permission_resolved")] == [w["inputId"] for w in pending]
+    candidate_results = [e for e in of_type(envs, "tool_result") if e["data"]["toolName"] == "write_file"]
+    assert [e["candidate"]["id"] for e in candidate_results] == candidate_ids(got)
+    assert not any(e["data"]["isError"] for e in candidate_results)
+    assert state(rest[-1]) == "TASK_STATE_COMPLETED"
+
+
+def test_pipe_perms_cancel_while_waiting(kernel: ScriptedKernel, tmp_path: Any) -> None:
+    stream, _, task_id, _, _ = _perm_wait(kernel, str(tmp_path))
+    canceled = rpc(kernel, "CancelTask", {"id": task_id}).json()["result"]
+    assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
+    assert state(list(stream)[-1]) == "TASK_STATE_CANCELED"
+    assert "pendingPermissions" not in get_task(kernel, task_id)["metadata"]["iac_code"]
 
 
 # --------------------------------------------------------------------------- [PIPE-RESOURCE]
