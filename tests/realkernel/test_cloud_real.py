@@ -177,7 +177,7 @@ def test_cost_steps_price_from_the_fake_cloud_and_ros_deploy_asks_after_sts(
     assert ends and ends[-1]["data"] == {"totalSteps": 5}
     resolved = [e for e in journal(real_kernel, task_id) if e["eventType"] == "permission_resolved"]
     assert [e["data"]["decision"] for e in resolved] == ["allow_once"]
-    assert_no_secret(real_kernel, fake_aliyun, secret)
+    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
     official_check(runs, [{"selectedId": "1"}])
 
 
@@ -195,12 +195,19 @@ def test_ros_deploy_denied_through_resume_creates_nothing(
     assert conclusion["status"] == "failed" and "CreateStack" not in conclusion["error"]
     resolved = [e for e in journal(real_kernel, task_id) if e["eventType"] == "permission_resolved"]
     assert [e["data"]["decision"] for e in resolved] == ["deny"]
-    assert_no_secret(real_kernel, fake_aliyun, secret)
+    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
     official_check(runs, [{"selectedId": "1"}])
 
 
-def assert_no_secret(kernel: RealKernel, cloud: FakeAliyun, secret: str) -> None:
-    """The fake secret is in none of the logs of this setup (the adapters' are checked at session end)."""
+def assert_no_secret(kernel: RealKernel, cloud: FakeAliyun, secret: str, runs: list[RunResult]) -> None:
+    """The fake secret is in no client stream and none of the logs of this setup.
+
+    The real kernel echoes the whole first message, its ``metadata.iac_code`` with the access key
+    secret included, in the ``task`` frame it opens the stream with (tests/data/a2a-selling/09):
+    the adapter must not pass that on. (The adapters' logs and state are checked at session end.)
+    """
+    for result in runs:
+        assert secret.encode() not in result.raw
     for path in (cloud.log_path, kernel.log_path, kernel.kernel_server_log, kernel.llm_log_path):
         if path.exists():
             assert secret not in path.read_text(encoding="utf-8", errors="replace"), path
