@@ -183,6 +183,8 @@ class Pipeline:
             if step is not None:
                 step["status"] = "running"
                 step["inputReceived"] = dict(data)
+        elif kind == "permission_requested" and envelope.get("visibility") == "pending_backup":
+            pass  # the same request is journaled again as committed
         elif kind == "permission_requested":
             entry = self._entry(envelope, candidate=dict(envelope.get("candidate") or {}))
             entry["inputId"] = (envelope.get("permission") or {}).get("inputId")

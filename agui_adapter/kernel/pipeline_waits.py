@@ -43,11 +43,21 @@ def pipeline_answer_locked(
 ) -> Callable[[Run], None]:
     """Validate an answer to a pipeline question wait (lock held); returns the continuation script."""
     waits = pipe.waits
-    if answer is not None:  # no question or selection is answered with a permission
-        raise invalid_params(PERMISSION_NOT_ACTIVE)
+    pending = waits[0]
+    if answer is not None:  # a step's permission (ros_deploy in deploying)
+        if (
+            pending.kind != "permission"
+            or answer["inputId"] != pending.input_id
+            or answer["toolUseId"] != pending.tool_use_id
+            or answer["requestTaskId"] != task.id
+            or answer.get("contextId", task.context_id) != task.context_id
+            or (context_id is not None and context_id != task.context_id)
+        ):
+            raise invalid_params(PERMISSION_NOT_ACTIVE)
+        pipe.waits = []
+        return functools.partial(_resume_after_permission, pipe=pipe, pending=pending, decision=answer["decision"])
     if context_id is not None and context_id != task.context_id:
         raise invalid_params("message.contextId does not match the task's contextId.")
-    pending = waits[0]
     value: dict[str, Any]
     if response is not None:
         value = _resource_response(task, pending, response)
@@ -150,6 +160,13 @@ def sideband_answer_locked(
     subscriber.put(CLOSE)
 
 
+def _resume_after_permission(run: Run, *, pipe: Pipeline, pending: Pending, decision: str) -> None:
+    """A step's permission was answered: ``inputReceived`` (no envelope, tests/data/a2a-selling/11), then on."""
+    received = {"toolUseId": pending.tool_use_id, "kind": "permission", "inputId": pending.input_id}
+    run.status(WORKING, metadata={"iac_code": {"inputReceived": received, "iacCodeSessionId": run.sid}})
+    resume_pipeline(run, pipe=pipe, value=decision)
+
+
 def start_pipeline(run: Run, *, pipe: Pipeline, task_frame: dict[str, Any]) -> None:
     """A new pipeline turn: the ``task`` frame, then ``pipeline_started`` (no plain SUBMITTED/WORKING)."""
     run.task_frame(task_frame)
@@ -167,4 +184,6 @@ def resume_pipeline(run: Run, *, pipe: Pipeline, value: Any) -> None:
         return
     with run.state.lock:
         pipe.waits = list(waits)
-    runner.send(*envelopes, extra=wait_iac(waits), close=True)
+    # a backup_committed frame after an announced wait carries no input (tests/data/a2a-selling/10)
+    announced = envelopes[-1]["eventType"] == "backup_committed"
+    runner.send(*envelopes, extra=None if announced else wait_iac(waits), close=True)

@@ -10,7 +10,9 @@ story in order in one place; :mod:`agui_adapter.kernel.pipeline_waits` drives it
 from __future__ import annotations
 
 import copy
+import json
 import queue
+import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +156,7 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
     pipe = p.pipe
     flags = pipe.flags
     outcome = "completed"
+    plans, chosen = copy.deepcopy(CANDIDATES), 0  # the plans offered and the one chosen
     p.emit(
         "pipeline_started",
         {
@@ -206,24 +209,28 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
         elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
             # as the real kernel (tests/data/a2a-selling/01, 02): the step first completes with the
             # LLM's options, then waits; the options' ids are the candidates' indexes ("0", "1")
-            plans = copy.deepcopy(CANDIDATES)
             offered = [_llm_option(i, c, pipe.rich) for i, c in enumerate(plans)]
             shown = [
                 dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]} for i, c in enumerate(plans)
             ]
             _pipe_complete_step(p, step, {"options": offered, "user_prompt": SELECT_PROMPT}, ooo=False)
-            index = yield from _pipe_selection(p, step, offered, shown)
+            chosen = yield from _pipe_selection(p, step, offered, shown)
             conclusion = {
-                "selected_evaluated_candidate_index": index,
-                "selected_candidate_name": plans[index]["label"],
-                "selected_candidate_index": index,
+                "selected_evaluated_candidate_index": chosen,
+                "selected_candidate_name": plans[chosen]["label"],
+                "selected_candidate_index": chosen,
             }
             asked = True
-        elif name == "deploying" and "PIPE-CANDIDATES" in flags:
+        elif name == "deploying" and "PIPE-CANDIDATES" in flags and pipe.name == "selling_solution_first":
+            # not observed: the real kernel raises deployment_confirmation in selling_solution_first's
+            # materialize_selected_candidate step, which this script does not have
             option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
             if option["id"] == "cancel":
                 outcome = "early_exit"
                 conclusion = {"deployed": False, "reason": "canceled by the user"}
+            asked = True
+        elif name == "deploying" and "PIPE-CANDIDATES" in flags:
+            conclusion = yield from _pipe_deploy_permission(p, step, chosen=plans[chosen])
             asked = True
         if asked:
             p.emit("context_usage", _context_usage(3), step=step)
@@ -644,6 +651,110 @@ def _await_sideband(p: PipeRun, waits: list[Pending]) -> dict[str, str]:
         permission = {k: v for k, v in data.items() if k != "kind"}
         p.emit("permission_resolved", data, permission=permission, **pending.extra["coords"])
     return decisions
+
+
+def _pipe_deploy_permission(
+    p: PipeRun, step: dict[str, Any], *, chosen: dict[str, Any]
+) -> Generator[Any, Any, dict[str, Any]]:
+    """deploying calls ``ros_deploy``, whose permission is the step's wait (tests/data/a2a-selling/10, 11).
+
+    ``tool_started``, the usage pair, then ``permission_requested`` (status ``input_required``,
+    data ``{toolName, toolUseId}``, a ``permission`` object; journaled twice, ``pending_backup``
+    then ``committed``, only the second sent) in an INPUT_REQUIRED frame with ``iac_code.input``
+    (scope ``step``, ``deploymentSummary``, ``operation``), then ``backup_committed`` in one more
+    INPUT_REQUIRED frame without ``input``. Answered with the six-key permission data part:
+    ``inputReceived`` (WORKING, no envelope), ``permission_resolved``, the tool's result. Returns
+    the step's conclusion (``success`` with a stack id, or ``failed`` when denied).
+    """
+    pipe = p.pipe
+    tool_use_id = "call_deploy_" + random_hex(12)
+    stack = "agui-scripted-" + random_hex(6)
+    template = f"templates/{chosen['label'].lower().replace(' ', '-')}.yml"
+    tool_input = {
+        "template_url": template,
+        "stack_name": stack,
+        "action": "create",
+        "region_id": "cn-hangzhou",
+        "parameters": {},
+    }
+    p.emit("tool_started", {"toolName": "ros_deploy", "input": tool_input, "toolUseId": tool_use_id}, step=step)
+    with p.batch():
+        p.emit("usage", dict(_PIPE_USAGE), step=step)
+        p.emit("context_usage", _context_usage(1), step=step)
+    summary = {
+        "resources": [{"name": item["name"], "monthlyCost": item["monthlyCost"]} for item in chosen["costItems"]],
+        "action": "create",
+        "region": "cn-hangzhou",
+        "template": template,
+        "candidateName": chosen["label"],
+        "totalMonthlyCost": chosen["totalMonthlyCost"],
+        "stackName": stack,
+    }
+    operation = {
+        "apiCalls": [{"effect": "change", "product": "ROS", "action": "CreateStack"}],
+        "region": "cn-hangzhou",
+        "product": "ros",
+        "action": "create",
+        "target": {"type": "resource", "name": stack},
+    }
+    shown = {
+        "title": "Create ROS stack",
+        "purpose": "Call ros CreateStack for the requested Alibaba Cloud infrastructure task.",
+        "effect": "cloud_change",
+        "target": f"{stack} · {template} · cn-hangzhou",
+        "isReadOnly": False,
+        "prompt": "Create ROS stack Allow once?",
+        "safeSummary": f"Deploy a ROS stack; plan: {chosen['label']}; region: cn-hangzhou; stack: {stack}",
+        "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
+        "scope": "step",
+        "deploymentSummary": summary,
+        "operation": operation,
+    }
+    wait = Pending.for_permission(
+        task_id=pipe.task_id,
+        context_id=pipe.context_id,
+        language=pipe.language,
+        tool_use_id=tool_use_id,
+        tool_name="ros_deploy",
+        shown=shown,
+        extra={},
+    )
+    permission = {k: v for k, v in wait.envelope.items() if k in shown and k != "scope"}
+    permission.update(toolUseId=tool_use_id, inputId=wait.input_id, toolName="ros_deploy", language=pipe.language)
+    permission.update(permissionId=f"perm-{tool_use_id}", pending=True)
+    data = {"toolName": "ros_deploy", "toolUseId": tool_use_id}
+    kwargs = {"status": "input_required", "permission": permission, "step": step}
+    p.event("permission_requested", dict(data), visibility="pending_backup", **kwargs)
+    requested = p.event("permission_requested", dict(data), visibility="committed", **kwargs)
+    committed = {
+        "committedSequence": requested["sequence"],
+        "committedEventId": requested["eventId"],
+        "committedEventType": "permission_requested",
+    }
+    backup = p.event("backup_committed", committed, status="input_required")
+    with p.state.lock:
+        pipe.waits = [wait]
+    p.send(requested, extra={"input": wait.envelope})
+    decision = yield [backup], [wait]
+    resolved = {
+        "pending": False,
+        "toolName": "ros_deploy",
+        "toolUseId": tool_use_id,
+        "decision": decision,
+        "kind": "permission",
+        "inputId": wait.input_id,
+        "permissionId": f"perm-{tool_use_id}",
+    }
+    p.emit("permission_resolved", resolved, permission={k: v for k, v in resolved.items() if k != "kind"}, step=step)
+    if decision != "allow_once":
+        result = {"toolName": "ros_deploy", "toolUseId": tool_use_id, "input": tool_input, "isError": True}
+        p.emit("tool_result", dict(result, result="The user denied permission to run ros_deploy."), step=step)
+        return {"status": "failed", "error": "The user denied the deployment."}
+    stack_id = str(uuid.uuid4())
+    outcome = {"StackId": stack_id, "Status": "CREATE_COMPLETE", "StackName": stack}
+    result = {"toolName": "ros_deploy", "toolUseId": tool_use_id, "input": tool_input, "isError": False}
+    p.emit("tool_result", dict(result, result=json.dumps(outcome)), step=step)
+    return {"status": "success", "stack_id": stack_id, "stack_name": stack, "region": "cn-hangzhou"}
 
 
 def _pipe_complete_step(p: PipeRun, step: dict[str, Any], conclusion: dict[str, Any], *, ooo: bool) -> None:

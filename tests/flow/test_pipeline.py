@@ -80,9 +80,7 @@ def test_question_then_completion(client: Client, workspace: Path, scripted_kern
     assert chat.terminal["type"] == "RUN_FINISHED" and chat.text()
 
 
-def test_candidates_selection_and_deployment_confirmation(
-    client: Client, workspace: Path, scripted_kernel: Any
-) -> None:
+def test_candidates_selection_and_the_deploy_permission(client: Client, workspace: Path, scripted_kernel: Any) -> None:
     body = pipeline_body("[PIPE-CANDIDATES] compare", workspace, candidatePresentation="rich")
     first = client.run(body)
     steps = [e["stepName"] for e in first.of("STEP_STARTED")]
@@ -94,7 +92,10 @@ def test_candidates_selection_and_deployment_confirmation(
         assert key in option, key
     results = run_to_the_end(client, body, first)
     kinds = [i["metadata"]["kind"] for r in results[:-1] for i in r.terminal["outcome"]["interrupts"]]
-    assert kinds == ["candidate_selection", "deployment_confirmation"]
+    # selling's deploying asks for ros_deploy's permission (tests/data/a2a-selling/10)
+    assert kinds == ["candidate_selection", "permission"]
+    [deploy] = results[1].terminal["outcome"]["interrupts"]
+    assert deploy["metadata"]["toolName"] == "ros_deploy" and deploy["reason"] == "tool_call"
     assert results[-1].terminal["outcome"] == {"type": "success"}
     meta = kernel_calls(scripted_kernel, "SendStreamingMessage", session_value(first)["contextId"])[0]
     assert meta["params"]["message"]["metadata"]["iac_code"]["candidatePresentation"] == "rich-v1"

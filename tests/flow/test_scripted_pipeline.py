@@ -421,7 +421,7 @@ def test_pipe_ask_wait_and_answer(
 # --------------------------------------------------------------------------- [PIPE-CANDIDATES]
 
 
-@pytest.mark.parametrize(("rich", "decision"), [(True, "Confirm"), (False, "cancel")])
+@pytest.mark.parametrize(("rich", "decision"), [(True, "allow_once"), (False, "deny")])
 def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: bool, decision: str) -> None:
     extra = {"candidatePresentation": "rich-v1"} if rich else {}
     got, task_id, ctx = start(kernel, "[PIPE-CANDIDATES] compare plans", **extra)
@@ -511,7 +511,70 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     again = [e for e in picked_envs if e.get("step", {}).get("id") == "confirm_and_select"]
     assert types(again)[-1] == "step_completed" and "step_started" not in types(again)
     assert again[-1]["data"]["conclusion"]["selected_candidate_index"] == 1
-    # deploying waits for a deployment_confirmation.
+    # deploying asks for ros_deploy's permission, as the real kernel (tests/data/a2a-selling/10, 11):
+    # INPUT_REQUIRED with permission_requested and the input, then backup_committed without it
+    assert [state(f) for f in picked[-2:]] == ["TASK_STATE_INPUT_REQUIRED"] * 2
+    wait = iac(picked[-2])["input"]
+    requested, backup = iac(picked[-2])["pipeline"], iac(picked[-1])["pipeline"]
+    assert "input" not in iac(picked[-1]) and "permission" not in iac(picked[-2])
+    assert (requested["eventType"], requested["status"], requested["visibility"]) == (
+        "permission_requested",
+        "input_required",
+        "committed",
+    )
+    assert requested["data"] == {"toolName": "ros_deploy", "toolUseId": wait["toolUseId"]}
+    assert requested["permission"]["permissionId"] == "perm-" + wait["toolUseId"]
+    assert backup["eventType"] == "backup_committed" and backup["data"]["committedEventId"] == requested["eventId"]
+    assert backup["sequence"] == requested["sequence"] + 1
+    hidden = [e for e in journal(kernel, task_id) if e["sequence"] == requested["sequence"] - 1]
+    assert [(e["eventType"], e["visibility"]) for e in hidden] == [("permission_requested", "pending_backup")]
+    assert (wait["kind"], wait["toolName"], wait["effect"], wait["scope"]) == (
+        "permission",
+        "ros_deploy",
+        "cloud_change",
+        "step",
+    )
+    assert wait["deploymentSummary"]["candidateName"] == "Plan B"
+    assert wait["operation"]["apiCalls"] == [{"effect": "change", "product": "ROS", "action": "CreateStack"}]
+    assert get_task(kernel, task_id)["metadata"]["iac_code"]["input"] == wait
+    done = frames(
+        rpc(
+            kernel,
+            "SendStreamingMessage",
+            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, wait, decision)),
+            stream=True,
+        )
+    )
+    assert "pipeline" not in iac(done[0])
+    assert iac(done[0])["inputReceived"] == {
+        "toolUseId": wait["toolUseId"],
+        "kind": "permission",
+        "inputId": wait["inputId"],
+    }
+    done_envs = live(done)
+    assert done_envs[0]["eventType"] == "permission_resolved" and done_envs[0]["data"]["decision"] == decision
+    [result] = [e for e in of_type(done_envs, "tool_result") if e["data"]["toolName"] == "ros_deploy"]
+    assert result["data"]["isError"] is (decision == "deny")
+    deployed = [e for e in of_type(done_envs, "step_completed") if e["step"]["id"] == "deploying"]
+    assert deployed[0]["data"]["conclusion"]["status"] == ("success" if decision == "allow_once" else "failed")
+    assert state(done[-1]) == "TASK_STATE_COMPLETED"
+    completed = of_type(done_envs, "pipeline_completed")[0]["data"]
+    assert completed["earlyExit"] is False
+    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
+    step = next(s for s in snap["steps"] if s["id"] == "evaluate_candidates")
+    assert [(c["id"], c["name"], c["status"]) for c in step["candidates"]] == [
+        (ids[0], "Plan A", "completed"),
+        (ids[1], "Plan B", "completed"),
+    ]
+    assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["inputReceived"]["selectedIndex"] == 1
+
+
+@pytest.mark.parametrize("decision", ["Confirm", "cancel"])
+def test_pipe_candidates_solution_first_confirms_the_deployment(kernel: ScriptedKernel, decision: str) -> None:
+    # scripted, not observed: the real selling_solution_first raises deployment_confirmation (in its
+    # materialize_selected_candidate step; tests/data/a2a-selling/README.md)
+    got, task_id, ctx = start(kernel, "[PIPE-CANDIDATES] compare plans", pipeline_name="selling_solution_first")
+    picked = answer(kernel, ctx, task_id, "Plan B")
     confirm = iac(picked[-1])["input"]
     assert state(picked[-1]) == "TASK_STATE_INPUT_REQUIRED"
     assert confirm["kind"] == "deployment_confirmation"
@@ -526,13 +589,6 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
         assert completed["earlyExit"] is True and handoff["outcome"] == "early_exit"
     else:
         assert completed["earlyExit"] is False and handoff["outcome"] == "completed"
-    snap = pipeline_state(kernel, taskId=task_id).json()["snapshot"]
-    step = next(s for s in snap["steps"] if s["id"] == "evaluate_candidates")
-    assert [(c["id"], c["name"], c["status"]) for c in step["candidates"]] == [
-        (ids[0], "Plan A", "completed"),
-        (ids[1], "Plan B", "completed"),
-    ]
-    assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["inputReceived"]["selectedIndex"] == 1
 
 
 # --------------------------------------------------------------------------- [PIPE-PERMS]
