@@ -10,6 +10,7 @@ story in order in one place; :mod:`agui_adapter.kernel.pipeline_waits` drives it
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import queue
 import uuid
@@ -533,6 +534,8 @@ def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> list[dict[str, Any]]:
                 conclusion=conclusion,
             )
             p.emit("candidate_step_completed", data, **where)
+            if step_id == "template_generating":
+                _template_artifact(p, conclusion, where)
     evaluated = []
     for run in runs:
         conclusions = {field: run.conclusions[step_id] for step_id, field in CANDIDATE_STEPS}
@@ -546,6 +549,34 @@ def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> list[dict[str, Any]]:
         p.emit("candidate_completed", data, step=step, candidate=run.coordinate)
         evaluated.append(dict(conclusions, candidate={"name": run.plan["label"]}, failed=False))
     return evaluated
+
+
+def _template_artifact(p: PipeRun, conclusion: dict[str, Any], where: dict[str, Any]) -> None:
+    """The template a candidate's template step concluded, published as the real kernel does.
+
+    selling's ``a2a_artifacts`` (tests/data/a2a-selling/01): an ``artifactUpdate`` frame with the
+    file as an ``iac-code-artifact://`` part, then an ``artifact_created`` envelope (scope
+    ``candidate_step``) whose data and ``artifact`` describe it.
+    """
+    assert p.run is not None
+    content = conclusion["template"].encode("utf-8")
+    digest = hashlib.sha256(content).hexdigest()
+    artifact_id = str(uuid.uuid4())
+    filename = conclusion["file_path"].rsplit("/", 1)[-1]
+    uri = f"iac-code-artifact://{artifact_id}/{filename}"
+    meta = {"byteSize": len(content), "uri": uri, "mediaType": "text/yaml", "sha256": digest}
+    part = {"url": uri, "metadata": dict(meta), "filename": filename, "mediaType": "text/yaml"}
+    p.run.artifact(as_struct({"artifactId": artifact_id, "name": filename, "parts": [part], "metadata": meta}))
+    described = dict(
+        meta,
+        role="final",
+        supersedesPath=conclusion["file_path"],
+        supersedesKey="sha256:" + hashlib.sha256(conclusion["file_path"].encode()).hexdigest()[:16],
+        artifactId=artifact_id,
+        filename=filename,
+        dedupeKey=hashlib.sha256(f"{artifact_id}:{digest}".encode()).hexdigest(),
+    )
+    p.emit("artifact_created", dict(described, source="conclusion"), artifact=described, **where)
 
 
 def _candidate_permissions(p: PipeRun, runs: list[_CandidateRun], at: list[dict[str, Any]]) -> None:

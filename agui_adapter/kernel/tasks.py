@@ -234,6 +234,7 @@ class KernelState:
         visibility: str | None = None,
         input_: dict[str, Any] | None = None,
         permission: dict[str, Any] | None = None,
+        artifact: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create one pipeline envelope, journal it and project it into the snapshot."""
         pipe.seq = self.pipeline_sequences.get(pipe.context_id, 0) + 1
@@ -264,6 +265,7 @@ class KernelState:
             ("candidateStep", candidate_step),
             ("input", input_),
             ("permission", permission),
+            ("artifact", artifact),
             ("visibility", visibility),
         ):
             if value is not None:

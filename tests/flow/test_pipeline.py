@@ -90,6 +90,9 @@ def test_candidates_selection_and_the_deploy_permission(client: Client, workspac
     option = selection["metadata"]["options"][0]
     for key in ("summary", "architectureDiagram", "totalMonthlyCost", "costItems"):
         assert key in option, key
+    # the candidates' templates, published by the kernel as artifacts, reach the client
+    artifacts = [e["value"] for e in first.of("CUSTOM") if e["name"] == "iac-code.artifact.v1"]
+    assert sorted(a["name"] for a in artifacts) == ["1-plan-a.yml", "2-plan-b.yml"]
     results = run_to_the_end(client, body, first)
     kinds = [i["metadata"]["kind"] for r in results[:-1] for i in r.terminal["outcome"]["interrupts"]]
     # selling's deploying asks for ros_deploy's permission (tests/data/a2a-selling/10)

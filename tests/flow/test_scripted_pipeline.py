@@ -464,6 +464,16 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     for event_type in ("candidate_step_started", "candidate_step_completed"):
         assert [e["candidate"]["id"] for e in of_type(envs, event_type)] == ids + ids
     assert [e["candidate"]["id"] for e in of_type(envs, "candidate_completed")] == ids
+    # each template step's conclusion is published as an artifact: the artifactUpdate frame, then
+    # artifact_created (tests/data/a2a-selling/01)
+    artifacts = [f["result"]["artifactUpdate"]["artifact"] for f in got if kind(f) == "artifactUpdate"]
+    assert [a["name"] for a in artifacts] == ["1-plan-a.yml", "2-plan-b.yml"]
+    created = of_type(envs, "artifact_created")
+    assert [e["data"]["artifactId"] for e in created] == [a["artifactId"] for a in artifacts]
+    assert all(e["scope"] == "candidate_step" and e["candidateStep"]["id"] == "template_generating" for e in created)
+    for frame_index, frame in enumerate(got):
+        if kind(frame) == "artifactUpdate":
+            assert envelopes(got[frame_index + 1])[0]["eventType"] == "artifact_created"
     completed = of_type(envs, "candidate_completed")[1]["data"]
     assert set(completed["conclusions"]) == {"template", "cost"}
     assert set(completed["step_conclusions"]) == {"template_generating", "cost_estimating"}
@@ -702,7 +712,7 @@ def test_pipe_perms_wait_in_working_and_take_unary_answers(kernel: ScriptedKerne
     assert second_ack["parts"][0]["data"]["decision"] == "deny"
     # the pipeline's own stream goes on: permission_resolved for each answer, the writes, the end
     rest = list(stream)
-    assert rest and all(kind(f) == "statusUpdate" for f in rest)
+    assert rest and all(kind(f) in ("statusUpdate", "artifactUpdate") for f in rest)
     assert state(rest[-1]) == "TASK_STATE_COMPLETED"
     envs = live(rest)
     resolved = of_type(envs, "permission_resolved")
