@@ -20,7 +20,15 @@ kernel sends, using markers in the latest user message:
                 of the template in each candidate's template step; ``[PIPE-SLOW]`` the
                 architecture step streams one chunk per ``slow_interval``; ``[PIPE-DEPLOY]``
                 deploying first calls ``ros_deploy`` (create, remote template URL: a permission
-                is asked before any cloud call) and concludes ``failed`` with its result.
+                is asked before any cloud call) and concludes ``failed`` with its result;
+                ``[PIPE-CLOUD]`` (with the fake cloud of ``tests/support/fake_aliyun.py``) each
+                candidate's cost step calls ``ros_validate_template``, ``ros_preview_template``
+                and ``ros_estimate_template_cost`` on a remote template URL and concludes with
+                the ``TradeAmount`` the kernel handed back (``preview_validation.succeeded``),
+                confirm_and_select offers those prices, and deploying calls ``ros_deploy``
+                (create) and concludes with its result. The markers reach a candidate's cost
+                step through the candidates' ``resource_intents``, the only candidate field
+                its prompt shows.
 (judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
                 ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
