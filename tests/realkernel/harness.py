@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pytest
 import requests
 
-from tests.support.agui_client import RunResult
+from tests.support.agui_client import RunResult, session_value
 from tests.support.fake_llm import FakeLLM, message_text, read_log
 from tests.support.ports import free_port
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
@@ -541,3 +541,15 @@ def official_check(runs: list[RunResult], payloads: list[dict[str, Any]]) -> Non
     require_official_client()
     verdict = check_streams([r.raw for r in runs], resume_payload=payloads[0] if payloads else None)
     assert verdict.ok, verdict.output
+
+
+def assert_journal_delivered_once(kernel: RealKernel, runs: list[RunResult]) -> None:
+    """Every allowlisted event of the real journal reached the client, and exactly once."""
+    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES  # the adapter's allowlist (the harness needs no adapter)
+
+    ids = [e["eventId"] for e in pipeline_events(*runs)]
+    assert len(ids) == len(set(ids)), "a pipeline event was delivered twice"
+    wanted = {
+        e["eventId"] for e in journal(kernel, session_value(runs[0])["taskId"]) if e["eventType"] in CUSTOM_EVENT_TYPES
+    }
+    assert set(ids) == wanted

@@ -27,6 +27,7 @@ from tests.support.fake_aliyun import FakeAliyun
 
 from .harness import (
     RealKernel,
+    assert_journal_delivered_once,
     journal,
     official_check,
     only_interrupt,
@@ -178,6 +179,7 @@ def test_cost_steps_price_from_the_fake_cloud_and_ros_deploy_asks_after_sts(
     resolved = [e for e in journal(real_kernel, task_id) if e["eventType"] == "permission_resolved"]
     assert [e["data"]["decision"] for e in resolved] == ["allow_once"]
     assert_no_secret(real_kernel, fake_aliyun, secret, runs)
+    assert_journal_delivered_once(real_kernel, runs)
     official_check(runs, [{"selectedId": "1"}])
 
 
@@ -196,6 +198,7 @@ def test_ros_deploy_denied_through_resume_creates_nothing(
     resolved = [e for e in journal(real_kernel, task_id) if e["eventType"] == "permission_resolved"]
     assert [e["data"]["decision"] for e in resolved] == ["deny"]
     assert_no_secret(real_kernel, fake_aliyun, secret, runs)
+    assert_journal_delivered_once(real_kernel, runs)
     official_check(runs, [{"selectedId": "1"}])
 
 

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
-from tests.support.agui_client import Client, RunResult, run_body, session_value
+from tests.support.agui_client import Client, run_body, session_value
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.fake_llm import SELL_CANDIDATES, SELL_DEPLOY_ERROR, message_text
 
 from .harness import (
     PIPELINE,
     RealKernel,
+    assert_journal_delivered_once,
     get_task,
     journal,
     llm_log,
@@ -69,16 +69,6 @@ def answer(body: dict[str, Any], interrupt: dict[str, Any], payload: dict[str, A
         candidatePresentation="rich",
         resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}],
     )
-
-
-def assert_journal_delivered_once(kernel: RealKernel, runs: list[RunResult]) -> None:
-    """Every allowlisted event of the real journal reached the client, and exactly once."""
-    ids = [e["eventId"] for e in pipeline_events(*runs)]
-    assert len(ids) == len(set(ids)), "a pipeline event was delivered twice"
-    wanted = {
-        e["eventId"] for e in journal(kernel, session_value(runs[0])["taskId"]) if e["eventType"] in CUSTOM_EVENT_TYPES
-    }
-    assert set(ids) == wanted
 
 
 # ============================================================================ tests
