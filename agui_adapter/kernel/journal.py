@@ -10,6 +10,7 @@ the envelopes.
 from __future__ import annotations
 
 import copy
+import queue
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,11 +37,6 @@ def wait_iac(waits: list[Pending]) -> dict[str, Any]:
     """The ``iac_code`` keys that describe the pending waits of a pipeline task."""
     first = waits[0]
     iac: dict[str, Any] = {"input": first.envelope}
-    if first.permission is not None:
-        iac["permission"] = first.permission
-    permissions = [w.envelope for w in waits if w.kind == "permission"]
-    if permissions:
-        iac["pendingPermissions"] = permissions
     if first.kind == "cloud_resource_selection":
         iac["inputRequired"] = first.envelope
     return iac
@@ -90,7 +86,9 @@ class Pipeline:
     normal_handoff: dict[str, Any] | None = None
     pending_handoff: dict[str, Any] | None = None
     waits: list[Pending] = field(default_factory=list)
-    answers: list[tuple[Pending, str]] = field(default_factory=list)
+    # candidate-step permissions: waited for while the task stays WORKING, answered out of band
+    side_waits: list[Pending] = field(default_factory=list)
+    side_answers: queue.SimpleQueue[tuple[Pending, str]] = field(default_factory=queue.SimpleQueue)
     gen: Generator[Any, Any, None] | None = None
     runner: PipeRun | None = None
 
@@ -158,6 +156,7 @@ class Pipeline:
                     "total": coordinate["total"],
                     "type": "normal",
                 }
+                | ({"uiMode": coordinate["uiMode"]} if coordinate.get("uiMode") else {})
             )
         elif kind == "message_started":
             key = self._run_key(envelope)
@@ -184,8 +183,11 @@ class Pipeline:
             if step is not None:
                 step["status"] = "running"
                 step["inputReceived"] = dict(data)
+        elif kind == "permission_requested" and envelope.get("visibility") == "pending_backup":
+            pass  # the same request is journaled again as committed
         elif kind == "permission_requested":
             entry = self._entry(envelope, candidate=dict(envelope.get("candidate") or {}))
+            entry["inputId"] = (envelope.get("permission") or {}).get("inputId")
             entry["status"] = "pending"
             self.permissions.append(entry)
             if self.pending_input is None:
@@ -210,7 +212,8 @@ class Pipeline:
         elif kind == "candidate_started" and step is not None:
             candidate = envelope["candidate"]
             step["candidates"].append(
-                {"id": candidate["id"], "label": data.get("label"), "runId": candidate["runId"], "status": "running"}
+                {key: candidate[key] for key in ("attempt", "id", "index", "name", "pipelineName", "runId")}
+                | {"startedAt": created, "status": "running"}
             )
             self.active_candidates.append(candidate["runId"])
         elif kind in ("candidate_completed", "candidate_failed") and step is not None:
@@ -218,11 +221,10 @@ class Pipeline:
             for item in step["candidates"]:
                 if item["runId"] == candidate["runId"]:
                     item["status"] = "completed" if kind == "candidate_completed" else "failed"
-                    item.update({k: v for k, v in data.items() if k == "totalMonthlyCost"})
+                    item["completedAt"] = created
+                    item.update({k: v for k, v in data.items() if k in ("conclusions", "failed", "step_conclusions")})
             if candidate["runId"] in self.active_candidates:
                 self.active_candidates.remove(candidate["runId"])
-        elif kind == "candidate_selected" and step is not None:
-            step["selectedCandidateId"] = data.get("candidateId")
         elif kind == "step_completed" and step is not None:
             step.update(
                 {

@@ -1,30 +1,27 @@
 """Answers to pipeline waits: checking them, acknowledging them, resuming the pipeline.
 
-Why: a pipeline pauses at question, resource and permission waits; an answer
-arrives as a new request (streaming or unary), must match an active wait
-exactly (else the kernel's -32602 texts), may resolve only one of several
-permissions (acknowledged in place), and then drives the pipeline generator of
-:mod:`agui_adapter.kernel.pipelines` on a worker. This module is that
-hand-over between the request and the script.
+Why: a pipeline pauses at question and resource waits (the stream closes in
+INPUT_REQUIRED) and, inside a candidate's step, at permission waits while it
+keeps running (the task stays WORKING). An answer arrives as a new request
+(streaming or unary) and must match an active wait exactly (else the kernel's
+-32602 texts); a question's answer then drives the pipeline generator of
+:mod:`agui_adapter.kernel.pipelines` on a worker, a permission's answer is
+handed to the pipeline that waits for it. This module is that hand-over
+between the request and the script.
 """
 
 from __future__ import annotations
 
 import functools
 import queue
-import time
 from collections.abc import Callable
 from typing import Any
 
 from agui_adapter.kernel.frames import Run
 from agui_adapter.kernel.journal import Pipeline, match_option, wait_iac
 from agui_adapter.kernel.messages import PERMISSION_FIELDS_MISMATCH, PERMISSION_NOT_ACTIVE
-from agui_adapter.kernel.tasks import Canceled, KernelState, Pending, Task
-from agui_adapter.kernel.wire import ACK, CLOSE, INPUT_REQUIRED, WORKING, as_struct, invalid_params
-
-#: Seconds a pipeline resumed by a unary SendMessage waits for a SubscribeToTask (unscaled).
-PIPELINE_SUBSCRIBE_GRACE = 2.0
-
+from agui_adapter.kernel.tasks import Pending, Task
+from agui_adapter.kernel.wire import CLOSE, WORKING, invalid_params
 
 INPUT_NOT_ACTIVE = "input_resume_invalid: pending input is not active."
 INPUT_RESPONSE_MISMATCH = "Input response payload fields do not match schemaVersion 1."
@@ -36,7 +33,6 @@ INPUT_RESPONSE_OPTIONAL = frozenset({"label", "source", "optionsEmpty"})
 
 
 def pipeline_answer_locked(
-    state: KernelState,
     task: Task,
     pipe: Pipeline,
     *,
@@ -44,43 +40,24 @@ def pipeline_answer_locked(
     answer: dict[str, Any] | None,
     response: dict[str, Any] | None,
     text: str,
-    unary: bool,
-    subscriber: queue.SimpleQueue[Any],
-) -> Callable[[Run], None] | None:
-    """Validate an answer to a pipeline wait (lock held).
-
-    Returns the continuation script, or ``None`` when the answer resolved one
-    of several permissions (acknowledged in place: the stream gets the ack
-    and the remaining wait, and closes).
-    """
+) -> Callable[[Run], None]:
+    """Validate an answer to a pipeline question wait (lock held); returns the continuation script."""
     waits = pipe.waits
-    if answer is not None:
-        match = next(
-            (
-                w
-                for w in waits
-                if w.kind == "permission" and w.input_id == answer["inputId"] and w.tool_use_id == answer["toolUseId"]
-            ),
-            None,
-        )
+    pending = waits[0]
+    if answer is not None:  # a step's permission (ros_deploy in deploying)
         if (
-            match is None
+            pending.kind != "permission"
+            or answer["inputId"] != pending.input_id
+            or answer["toolUseId"] != pending.tool_use_id
             or answer["requestTaskId"] != task.id
             or answer.get("contextId", task.context_id) != task.context_id
             or (context_id is not None and context_id != task.context_id)
         ):
             raise invalid_params(PERMISSION_NOT_ACTIVE)
-        decision = answer["decision"]
-        waits.remove(match)
-        pipe.answers.append((match, decision))
-        if waits:
-            _partial_ack_locked(state, task, pipe, match, decision, subscriber)
-            return None
-        task.attached.clear()
-        return functools.partial(_script_pipeline_permission, pipe=pipe, pending=match, decision=decision, unary=unary)
+        pipe.waits = []
+        return functools.partial(_resume_after_permission, pipe=pipe, pending=pending, decision=answer["decision"])
     if context_id is not None and context_id != task.context_id:
         raise invalid_params("message.contextId does not match the task's contextId.")
-    pending = waits[0]
     value: dict[str, Any]
     if response is not None:
         value = _resource_response(task, pending, response)
@@ -137,62 +114,57 @@ def _resource_response(task: Task, pending: Pending, response: dict[str, Any]) -
     return {"status": response["status"], "selectorId": selector["selectorId"], "value": value, "label": label}
 
 
-def _resolved_data(pending: Pending, decision: str) -> dict[str, Any]:
-    return {
-        "kind": "permission",
-        "inputId": pending.input_id,
-        "toolUseId": pending.tool_use_id,
-        "toolName": pending.envelope.get("toolName"),
-        "decision": decision,
-        "candidateId": pending.extra.get("candidate"),
-    }
-
-
-def _permission_received(pending: Pending, decision: str) -> dict[str, Any]:
-    return {
-        "toolUseId": pending.tool_use_id,
-        "kind": "permission",
-        "inputId": pending.input_id,
-        "decision": decision,
-    }
-
-
-def _partial_ack_locked(
-    state: KernelState, task: Task, pipe: Pipeline, pending: Pending, decision: str, subscriber: queue.SimpleQueue[Any]
+def sideband_answer_locked(
+    task: Task,
+    pipe: Pipeline,
+    *,
+    context_id: str | None,
+    answer: dict[str, Any],
+    unary: bool,
+    subscriber: queue.SimpleQueue[Any],
 ) -> None:
-    envelope = state.pipeline_event_locked(
-        pipe, "permission_resolved", _resolved_data(pending, decision), **pending.extra["coords"]
+    """An answer to a candidate-step permission, while the pipeline runs (lock held).
+
+    The waiting pipeline takes it (``permission_resolved`` on its own stream); the answering
+    request only gets an acknowledgement: a unary ``SendMessage`` the ``permission_ack`` Message
+    (tests/data/a2a-selling/08, built by the app), a streaming one (not observed on the real
+    kernel, a scripted choice) one WORKING frame with ``inputReceived``.
+    """
+    match = next(
+        (w for w in pipe.side_waits if w.input_id == answer["inputId"] and w.tool_use_id == answer["toolUseId"]),
+        None,
     )
-    ack_status = {"state": WORKING}
-    wait_status = {"state": INPUT_REQUIRED}
-    ack_iac = {"pipeline": as_struct(envelope), "inputReceived": _permission_received(pending, decision)}
-    waiting_iac = dict(wait_iac(pipe.waits), iacCodeSessionId=task.session_id)
-    for status, iac in ((ack_status, ack_iac), (wait_status, waiting_iac)):
-        state.apply_status_locked(task, status, 1)
-        update = {"taskId": task.id, "contextId": task.context_id, "status": status, "metadata": {"iac_code": iac}}
+    if (
+        match is None
+        or answer["requestTaskId"] != task.id
+        or answer.get("contextId", task.context_id) != task.context_id
+        or (context_id is not None and context_id != task.context_id)
+    ):
+        raise invalid_params(PERMISSION_NOT_ACTIVE)
+    pipe.side_waits.remove(match)
+    pipe.side_answers.put((match, answer["decision"]))
+    if not unary:
+        received = {
+            "toolUseId": match.tool_use_id,
+            "kind": "permission",
+            "inputId": match.input_id,
+            "decision": answer["decision"],
+        }
+        update = {
+            "taskId": task.id,
+            "contextId": task.context_id,
+            "status": {"state": WORKING},
+            "metadata": {"iac_code": {"inputReceived": received, "iacCodeSessionId": task.session_id}},
+        }
         subscriber.put(({"statusUpdate": update}, 1))
     subscriber.put(CLOSE)
 
 
-def _script_pipeline_permission(run: Run, *, pipe: Pipeline, pending: Pending, decision: str, unary: bool) -> None:
-    """The last pending permission was answered: acknowledge, then resume the pipeline."""
-    runner = pipe.runner
-    assert runner is not None
-    runner.run = run
-    envelope = runner.event("permission_resolved", _resolved_data(pending, decision), **pending.extra["coords"])
-    runner.send(envelope, extra={"inputReceived": _permission_received(pending, decision)})
-    run.state.signal(run.task, ACK)
-    if unary:
-        # The unary caller follows with GetTask + SubscribeToTask: give it a moment to attach.
-        deadline = time.monotonic() + PIPELINE_SUBSCRIBE_GRACE
-        while not run.task.attached.wait(0.02):
-            if run.task.cancel_event.is_set():
-                raise Canceled()
-            if time.monotonic() >= deadline:
-                break
-    with run.state.lock:
-        answers, pipe.answers = pipe.answers, []
-    resume_pipeline(run, pipe=pipe, value=answers)
+def _resume_after_permission(run: Run, *, pipe: Pipeline, pending: Pending, decision: str) -> None:
+    """A step's permission was answered: ``inputReceived`` (no envelope, tests/data/a2a-selling/11), then on."""
+    received = {"toolUseId": pending.tool_use_id, "kind": "permission", "inputId": pending.input_id}
+    run.status(WORKING, metadata={"iac_code": {"inputReceived": received, "iacCodeSessionId": run.sid}})
+    resume_pipeline(run, pipe=pipe, value=decision)
 
 
 def start_pipeline(run: Run, *, pipe: Pipeline, task_frame: dict[str, Any]) -> None:
@@ -212,4 +184,6 @@ def resume_pipeline(run: Run, *, pipe: Pipeline, value: Any) -> None:
         return
     with run.state.lock:
         pipe.waits = list(waits)
-    runner.send(*envelopes, extra=wait_iac(waits), close=True)
+    # a backup_committed frame after an announced wait carries no input (tests/data/a2a-selling/10)
+    announced = envelopes[-1]["eventType"] == "backup_committed"
+    runner.send(*envelopes, extra=None if announced else wait_iac(waits), close=True)

@@ -10,14 +10,18 @@ story in order in one place; :mod:`agui_adapter.kernel.pipeline_waits` drives it
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import queue
+import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 from agui_adapter.kernel.frames import PipeRun
 from agui_adapter.kernel.journal import PIPELINE_STEPS
-from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT
-from agui_adapter.kernel.tasks import Pending
+from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT, write_file_result, write_permission_shown
+from agui_adapter.kernel.tasks import Canceled, Pending
 from agui_adapter.kernel.wire import as_struct, random_hex
 
 PIPELINE_FIELDS = {
@@ -65,6 +69,11 @@ _ASK = _Question("ask_user_question", "ask_user_question", "ask", ASK_PROMPT, Tr
 _CONFIRM = _Question("deployment_confirmation", "confirm_deployment", "confirm", CONFIRM_PROMPT, False, CONFIRM_OPTIONS)
 
 
+def _cost(value: float) -> str:
+    """A monthly cost as the cost step writes it (the real kernel passes the LLM's strings on)."""
+    return f"¥{value:.2f}/月"
+
+
 def _candidate(cid: str, label: str, summary: str, flow: str, costs: dict[str, float]) -> dict[str, Any]:
     """A candidate plan as ``rich-v1`` presents it (the total is the sum of its cost items)."""
     return {
@@ -72,9 +81,21 @@ def _candidate(cid: str, label: str, summary: str, flow: str, costs: dict[str, f
         "label": label,
         "summary": summary,
         "architectureDiagram": "flowchart LR\n  " + flow,
-        "totalMonthlyCost": sum(costs.values()),
-        "costItems": [{"name": name, "monthlyCost": cost} for name, cost in costs.items()],
+        "totalMonthlyCost": _cost(sum(costs.values())),
+        "costItems": [{"name": name, "monthlyCost": _cost(cost)} for name, cost in costs.items()],
     }
+
+
+def _llm_option(index: int, plan: dict[str, Any], rich: bool) -> dict[str, Any]:
+    """An option of confirm_and_select's first conclusion, as the LLM writes it (snake case)."""
+    option: dict[str, Any] = {"name": plan["label"], "summary": plan["summary"], "candidate_index": index}
+    if rich:
+        option.update(
+            total_monthly_cost=plan["totalMonthlyCost"],
+            architecture_diagram=plan["architectureDiagram"],
+            cost_items=[{"name": item["name"], "monthly_cost": item["monthlyCost"]} for item in plan["costItems"]],
+        )
+    return option
 
 
 CANDIDATES: tuple[dict[str, Any], ...] = (
@@ -136,6 +157,7 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
     pipe = p.pipe
     flags = pipe.flags
     outcome = "completed"
+    plans, chosen = copy.deepcopy(CANDIDATES), 0  # the plans offered and the one chosen
     p.emit(
         "pipeline_started",
         {
@@ -148,6 +170,8 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
     for name in PIPELINE_STEPS:
         step = p.coord(name)
         index = step["index"]
+        # selling.yaml: confirm_and_select is the step with a ui_mode (step_started, tests/data/a2a-selling/01)
+        ui_mode = "candidate_selection" if name == "confirm_and_select" else None
         if index > 1 and "PIPE-SLOW" in flags:
             assert p.run is not None
             p.run.sleep(0.5)
@@ -157,14 +181,20 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
                 "transcript_id": f"transcript_att_{index:04d}",
                 "active_attempt_id": f"att_{index:04d}",
                 "total": len(PIPELINE_STEPS),
-                "uiMode": None,
+                "uiMode": ui_mode,
                 "index": index,
                 "name": name,
                 "attempt": 1,
                 "stepType": "normal",
             },
-            step=dict(step, type="normal", uiMode=None),
+            step=dict(step, type="normal", uiMode=ui_mode),
         )
+        if name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
+            # the parallel step has no LLM turn of its own: it completes with its candidates' results
+            evaluated = _pipe_candidates(p, step)
+            data = {"durationS": 0.05, "conclusionField": PIPELINE_FIELDS[name], "conclusion": evaluated}
+            p.emit("step_completed", dict(data, candidatesCount=len(evaluated)), step=step)
+            continue
         p.emit("context_usage", _context_usage(0), step=step)
         p.say(f"Working on {name}.", step=step)
         conclusion = copy.deepcopy(PIPELINE_CONCLUSIONS[name])
@@ -177,25 +207,31 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             selection = yield from _pipe_resource(p, step)
             conclusion["vpcId"] = selection["value"] if selection["status"] == "selected" else None
             asked = True
-        elif name == "evaluate_candidates" and flags & {"PIPE-CANDIDATES", "PIPE-PERMS"}:
-            yield from _pipe_candidates(p, step)
-            conclusion["candidateIds"] = [c["id"] for c in CANDIDATES]
         elif name == "confirm_and_select" and "PIPE-CANDIDATES" in flags:
-            # as the real kernel: the options' ids are the candidates' indexes ("0", "1")
-            options = [
-                dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]}
-                for i, c in enumerate(copy.deepcopy(CANDIDATES))
+            # as the real kernel (tests/data/a2a-selling/01, 02): the step first completes with the
+            # LLM's options, then waits; the options' ids are the candidates' indexes ("0", "1")
+            offered = [_llm_option(i, c, pipe.rich) for i, c in enumerate(plans)]
+            shown = [
+                dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]} for i, c in enumerate(plans)
             ]
-            option = yield from _pipe_selection(p, step, options)
-            chosen = CANDIDATES[int(option["id"])]
-            p.emit("candidate_selected", {"candidateId": chosen["id"], "label": chosen["label"]}, step=step)
-            conclusion["candidateId"] = chosen["id"]
+            _pipe_complete_step(p, step, {"options": offered, "user_prompt": SELECT_PROMPT}, ooo=False)
+            chosen = yield from _pipe_selection(p, step, offered, shown)
+            conclusion = {
+                "selected_evaluated_candidate_index": chosen,
+                "selected_candidate_name": plans[chosen]["label"],
+                "selected_candidate_index": chosen,
+            }
             asked = True
-        elif name == "deploying" and "PIPE-CANDIDATES" in flags:
+        elif name == "deploying" and "PIPE-CANDIDATES" in flags and pipe.name == "selling_solution_first":
+            # not observed: the real kernel raises deployment_confirmation in selling_solution_first's
+            # materialize_selected_candidate step, which this script does not have
             option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
             if option["id"] == "cancel":
                 outcome = "early_exit"
                 conclusion = {"deployed": False, "reason": "canceled by the user"}
+            asked = True
+        elif name == "deploying" and "PIPE-CANDIDATES" in flags:
+            conclusion = yield from _pipe_deploy_permission(p, step, chosen=plans[chosen])
             asked = True
         if asked:
             p.emit("context_usage", _context_usage(3), step=step)
@@ -293,46 +329,47 @@ def _pipe_question(
     return answer["option"], answer["text"]
 
 
-def _pipe_selection(p: PipeRun, step: dict[str, Any], options: list[dict[str, Any]]) -> Generator[Any, Any, Any]:
+def _pipe_selection(
+    p: PipeRun, step: dict[str, Any], offered: list[dict[str, Any]], shown: list[dict[str, Any]]
+) -> Generator[Any, Any, int]:
     """The candidate_selection wait as the real kernel raises it (tests/data/a2a-selling/01, 02).
 
-    No tool call: ``input_required`` (data ``stepId, prompt, kind, options``) whose input has an
-    ``input-evt-<hex>`` id and no ``toolUseId`` or ``allowFreeText``; the answer (the label or the
-    id) gets ``input_received`` with ``selectedValue, selectedIndex, selectedOption,
-    userInputLength``. Returns the chosen option.
+    No tool call: ``input_required`` (data ``stepId, options, prompt, kind``, the options as the
+    LLM concluded them; no ``input`` in the envelope) whose ``iac_code.input`` has the id
+    ``input-<the envelope's eventId>``, the ``shown`` options and no ``toolUseId`` or
+    ``allowFreeText``; the answer (the label or the id) gets ``input_received`` with
+    ``userInputLength, selectedValue, kind, selectedIndex, selectedOption``. Returns the index.
     """
     pipe = p.pipe
-    input_id = "input-evt-" + random_hex(32)
-    data = {"stepId": step["id"], "prompt": SELECT_PROMPT, "kind": "candidate_selection", "options": options}
-    envelope = p.event(
-        "input_required", data, status="input_required", step=step, input_=dict(data, inputId=input_id, required=True)
-    )
+    data = {"stepId": step["id"], "options": offered, "prompt": SELECT_PROMPT, "kind": "candidate_selection"}
+    envelope = p.event("input_required", data, status="input_required", step=step)
+    input_id = "input-" + envelope["eventId"]
     unified = as_struct(
         {
             "schemaVersion": 1,
-            "kind": "candidate_selection",
-            "required": True,
-            "requestTaskId": pipe.task_id,
-            "contextId": pipe.context_id,
             "inputId": input_id,
+            "contextId": pipe.context_id,
+            "options": shown,
+            "requestTaskId": pipe.task_id,
+            "required": True,
             "prompt": SELECT_PROMPT,
-            "options": options,
+            "kind": "candidate_selection",
         }
     )
     answer = yield [envelope], [Pending("candidate_selection", input_id, "", unified)]
-    option = answer["option"]
+    index = int(answer["option"]["id"])
     p.emit(
         "input_received",
         {
-            "kind": "candidate_selection",
-            "selectedValue": answer["text"],
-            "selectedIndex": int(option["id"]),
-            "selectedOption": option,
             "userInputLength": len(answer["text"]),
+            "selectedValue": answer["text"],
+            "kind": "candidate_selection",
+            "selectedIndex": index,
+            "selectedOption": offered[index],
         },
         step=step,
     )
-    return option
+    return index
 
 
 def _pipe_resource(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict[str, Any]]:
@@ -353,106 +390,401 @@ def _pipe_resource(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, dict
     return selection
 
 
-def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> Generator[Any, Any, None]:
-    """Two candidates evaluated "in parallel" (interleaved), optionally with two permission waits."""
-    pipe = p.pipe
-    runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for candidate in CANDIDATES:
-        cid = candidate["id"]
-        coordinates = {
-            "step": step,
-            "candidate": {"id": cid, "runId": f"candidate-{cid}-1", "subPipelineId": f"sub-{cid}"},
-            "candidate_step": {"id": "price_estimation", "runId": f"cstep-{cid}-price_estimation-1"},
+#: A candidate's sub-pipeline and its steps, with the conclusion field of each (selling's
+#: ``evaluate_candidate``; the optional ``reviewing`` step is off by default).
+SUB_PIPELINE = "evaluate_candidate"
+CANDIDATE_STEPS: tuple[tuple[str, str], ...] = (("template_generating", "template"), ("cost_estimating", "cost"))
+TEMPLATE = "ROSTemplateFormatVersion: '2015-09-01'\nDescription: scripted kernel template\nResources: {}\n"
+
+
+@dataclass
+class _CandidateRun:
+    """One candidate of ``evaluate_candidates``: its coordinates and what its steps concluded."""
+
+    plan: dict[str, Any]
+    index: int
+    cid: str
+    coordinate: dict[str, Any]
+    conclusions: dict[str, Any]
+
+    @property
+    def ids(self) -> dict[str, Any]:
+        """The keys every candidate event's data starts with."""
+        return {
+            "candidateName": self.plan["label"],
+            "subPipelineId": self.cid,
+            "candidateIndex": self.index,
+            "subPipelineName": SUB_PIPELINE,
         }
-        runs.append((candidate, coordinates))
-    for index, (candidate, at) in enumerate(runs, 1):
-        data = {"candidateId": candidate["id"], "label": candidate["label"], "index": index, "total": len(runs)}
-        p.emit("candidate_started", data, step=step, candidate=at["candidate"])
-    for _, at in runs:
-        p.emit("candidate_step_started", {"name": "price_estimation", "index": 1, "total": 1}, **at)
-    for _, at in runs:
-        p.emit("message_started", {"messageId": "msg_" + random_hex(24)}, **at)
-    for candidate, at in runs:
-        p.emit("text_delta", {"text": f"{candidate['label']}: "}, **at)
-    with p.batch():
-        for _, at in runs:
-            p.emit("text_delta", {"text": "estimating the monthly cost."}, **at)
-    if "PIPE-PERMS" in pipe.flags:
-        envelopes: list[dict[str, Any]] = []
-        waits: list[Pending] = []
-        for candidate, at in runs:
-            cid = candidate["id"]
-            tool_use_id = f"call_price_{cid}_" + random_hex(8)
-            p.emit(
-                "tool_started",
-                {"toolUseId": tool_use_id, "toolName": "describe_prices", "input": {"candidate": cid}},
-                **at,
-            )
-            shown = {
-                "title": "Query cloud prices",
-                "purpose": f"Look up the monthly cost of {candidate['label']}.",
-                "effect": "read",
-                "target": "bss:DescribePrice",
-                "isReadOnly": True,
-                "prompt": "Query cloud prices Allow once?",
-                "safeSummary": 'describe_prices: {"candidate":"' + cid + '"}',
-                "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-                "scope": "candidate_step",
-                "subPipelineId": f"sub-{cid}",
+
+    def step_coordinate(self, position: int) -> dict[str, Any]:
+        step_id = CANDIDATE_STEPS[position][0]
+        return {
+            "total": len(CANDIDATE_STEPS),
+            "id": step_id,
+            "runId": f"{self.coordinate['runId']}-{step_id}-1",
+            "attempt": 1,
+            "index": position + 1,
+        }
+
+    def conclusion(self, step_id: str) -> dict[str, Any]:
+        plan = self.plan
+        if step_id == "template_generating":
+            return {
+                "description": f"template for {plan['label']}",
+                "file_path": f"templates/{self.index + 1}-{plan['label'].lower().replace(' ', '-')}.yml",
+                "template": TEMPLATE,
+                "region": "cn-hangzhou",
             }
-            wait = Pending.for_permission(
+        return {
+            "monthly_estimate": plan["totalMonthlyCost"],
+            "deployment_parameters": {},
+            "template_fixed": False,
+            "resources": [{"cost": item["monthlyCost"], "type": item["name"]} for item in plan["costItems"]],
+            "preview_validation": {"succeeded": True},
+            "currency": "CNY",
+            "hard_constraint_checks": [],
+        }
+
+
+def _candidate_runs(step: dict[str, Any]) -> list[_CandidateRun]:
+    """The candidates as the real kernel names them (tests/data/a2a-selling/01)."""
+    runs = []
+    for index, plan in enumerate(CANDIDATES):
+        cid = f"{SUB_PIPELINE}_{random_hex(8)}"
+        coordinate = {
+            "name": plan["label"],
+            "id": cid,
+            "runId": f"candidate-{cid}-{index}-1",
+            "totalSteps": len(CANDIDATE_STEPS),
+            "pipelineName": SUB_PIPELINE,
+            "index": index,
+            "attempt": 1,
+        }
+        runs.append(_CandidateRun(plan, index, cid, coordinate, {}))
+    return runs
+
+
+def _pipe_candidates(p: PipeRun, step: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two candidates evaluated in parallel (interleaved), as the real kernel sends them.
+
+    Each runs ``template_generating`` then ``cost_estimating``; every event inside a candidate's
+    step has scope ``candidate_step``. With ``[PIPE-PERMS]`` each candidate's template step first
+    writes its template, behind a permission. Returns the step's conclusion (one entry per candidate).
+    """
+    pipe = p.pipe
+    runs = _candidate_runs(step)
+    for run in runs:
+        steps = [
+            dict(run.step_coordinate(i), name=CANDIDATE_STEPS[i][0], status="pending")
+            for i in range(len(CANDIDATE_STEPS))
+        ]
+        data = dict(run.ids, totalSteps=len(CANDIDATE_STEPS))
+        p.emit("candidate_started", data, step=step, candidate=dict(run.coordinate, steps=steps))
+    for position, (step_id, field) in enumerate(CANDIDATE_STEPS):
+        at = [
+            {"step": step, "candidate": run.coordinate, "candidate_step": run.step_coordinate(position)} for run in runs
+        ]
+        for run, where in zip(runs, at, strict=True):
+            attempt = 4 + 2 * position + run.index
+            data = dict(
+                run.ids,
+                stepId=step_id,
+                totalSteps=len(CANDIDATE_STEPS),
+                active_attempt_id=f"att_{attempt:04d}",
+                stepIndex=position,
+                transcript_id=f"transcript_att_{attempt:04d}",
+            )
+            p.emit("candidate_step_started", data, **where)
+        for where in at:
+            p.emit("context_usage", _context_usage(0), **where)
+        for where in at:
+            p.emit("message_started", {"messageId": "msg_" + random_hex(24)}, **where)
+        for run, where in zip(runs, at, strict=True):
+            p.emit("text_delta", {"text": f"{run.plan['label']}: working on {step_id}."}, **where)
+        if step_id == "template_generating" and "PIPE-PERMS" in pipe.flags:
+            _candidate_permissions(p, runs, at)
+        calls = [(run, where, "call_complete_" + random_hex(12)) for run, where in zip(runs, at, strict=True)]
+        for run, where, call in calls:
+            tool_input = {"conclusion": run.conclusion(step_id)}
+            p.emit("tool_started", {"toolUseId": call, "toolName": "complete_step", "input": tool_input}, **where)
+        with p.batch():
+            for where in at:
+                p.emit("usage", dict(_PIPE_USAGE), **where)
+                p.emit("context_usage", _context_usage(2), **where)
+        for run, where, call in calls:
+            conclusion = run.conclusion(step_id)
+            result = {
+                "toolUseId": call,
+                "toolName": "complete_step",
+                "isError": False,
+                "result": f"Step {step_id.replace('_', ' ').capitalize()} completed. Conclusion submitted.",
+                "input": {"conclusion": conclusion},
+            }  # no normalizedConclusion inside a candidate's step (tests/data/a2a-selling/01)
+            p.emit("tool_result", result, **where)
+        for run, where in zip(runs, at, strict=True):
+            conclusion = run.conclusion(step_id)
+            run.conclusions[step_id] = conclusion
+            data = dict(
+                run.ids,
+                stepId=step_id,
+                conclusionField=field,
+                totalSteps=len(CANDIDATE_STEPS),
+                conclusion=conclusion,
+            )
+            p.emit("candidate_step_completed", data, **where)
+            if step_id == "template_generating":
+                _template_artifact(p, conclusion, where)
+    evaluated = []
+    for run in runs:
+        conclusions = {field: run.conclusions[step_id] for step_id, field in CANDIDATE_STEPS}
+        data = dict(
+            run.ids,
+            totalSteps=len(CANDIDATE_STEPS),
+            failed=False,
+            conclusions=conclusions,
+            step_conclusions=dict(run.conclusions),
+        )
+        p.emit("candidate_completed", data, step=step, candidate=run.coordinate)
+        evaluated.append(dict(conclusions, candidate={"name": run.plan["label"]}, failed=False))
+    return evaluated
+
+
+def _template_artifact(p: PipeRun, conclusion: dict[str, Any], where: dict[str, Any]) -> None:
+    """The template a candidate's template step concluded, published as the real kernel does.
+
+    selling's ``a2a_artifacts`` (tests/data/a2a-selling/01): an ``artifactUpdate`` frame with the
+    file as an ``iac-code-artifact://`` part, then an ``artifact_created`` envelope (scope
+    ``candidate_step``) whose data and ``artifact`` describe it.
+    """
+    assert p.run is not None
+    content = conclusion["template"].encode("utf-8")
+    digest = hashlib.sha256(content).hexdigest()
+    artifact_id = str(uuid.uuid4())
+    filename = conclusion["file_path"].rsplit("/", 1)[-1]
+    uri = f"iac-code-artifact://{artifact_id}/{filename}"
+    meta = {"byteSize": len(content), "uri": uri, "mediaType": "text/yaml", "sha256": digest}
+    part = {"url": uri, "metadata": dict(meta), "filename": filename, "mediaType": "text/yaml"}
+    p.run.artifact(as_struct({"artifactId": artifact_id, "name": filename, "parts": [part], "metadata": meta}))
+    described = dict(
+        meta,
+        role="final",
+        supersedesPath=conclusion["file_path"],
+        supersedesKey="sha256:" + hashlib.sha256(conclusion["file_path"].encode()).hexdigest()[:16],
+        artifactId=artifact_id,
+        filename=filename,
+        dedupeKey=hashlib.sha256(f"{artifact_id}:{digest}".encode()).hexdigest(),
+    )
+    p.emit("artifact_created", dict(described, source="conclusion"), artifact=described, **where)
+
+
+def _candidate_permissions(p: PipeRun, runs: list[_CandidateRun], at: list[dict[str, Any]]) -> None:
+    """Each candidate's template step writes its template: a ``write_file`` permission per candidate.
+
+    As the real kernel (tests/data/a2a-selling/05, 08): each ``permission_requested`` (data
+    ``{toolName, toolUseId}``, a ``permission`` object in the envelope) goes out in its own WORKING
+    statusUpdate with ``iac_code.input`` (``scope: "candidate_step"``, ``subPipelineId``); the
+    task stays WORKING and the stream open while the kernel waits; GetTask lists the waits in
+    ``pendingPermissions``. Answers come out of band (:func:`sideband_answer_locked`); each gets
+    ``permission_resolved`` on the pipeline's stream, then the writes run.
+    """
+    pipe = p.pipe
+    waits: list[Pending] = []
+    for run, where in zip(runs, at, strict=True):
+        path = run.conclusion("template_generating")["file_path"]
+        tool_use_id = f"call_write_{run.index}_" + random_hex(8)
+        tool_input = {"content": TEMPLATE, "path": path}
+        p.emit("tool_started", {"toolName": "write_file", "input": tool_input, "toolUseId": tool_use_id}, **where)
+        shown = dict(
+            write_permission_shown(pipe.language, path, TEMPLATE), scope="candidate_step", subPipelineId=run.cid
+        )
+        waits.append(
+            Pending.for_permission(
                 task_id=pipe.task_id,
                 context_id=pipe.context_id,
                 language=pipe.language,
                 tool_use_id=tool_use_id,
-                tool_name="describe_prices",
+                tool_name="write_file",
                 shown=shown,
-                extra={"candidate": cid, "coords": at},
+                extra={"coords": where, "input": tool_input},
             )
-            waits.append(wait)
-            envelope = wait.envelope
-            data = {
-                key: envelope[key]
-                for key in (
-                    "kind",
-                    "inputId",
-                    "toolUseId",
-                    "toolName",
-                    "title",
-                    "prompt",
-                    "effect",
-                    "target",
-                    "options",
-                )
-            }
-            data.update(candidateId=cid, subPipelineId=f"sub-{cid}")
-            envelopes.append(p.event("permission_requested", data, status="input_required", **at))
-        answers = yield envelopes, waits
-        decisions = {pending.extra["candidate"]: decision for pending, decision in answers}
-        for (candidate, at), wait in zip(runs, waits, strict=True):
-            denied = decisions.get(candidate["id"]) != "allow_once"
-            result = (
-                "The user denied permission to run describe_prices."
-                if denied
-                else f"{candidate['label']} costs {candidate['totalMonthlyCost']} CNY per month."
+        )
+    with p.batch():
+        for where in at:
+            p.emit("usage", dict(_PIPE_USAGE), **where)
+            p.emit("context_usage", _context_usage(1), **where)
+    with p.state.lock:
+        pipe.side_waits = list(waits)
+    for wait in waits:
+        envelope = wait.envelope
+        permission = {
+            key: envelope[key]
+            for key in (
+                "safeSummary",
+                "language",
+                "title",
+                "purpose",
+                "effect",
+                "toolUseId",
+                "target",
+                "inputId",
+                "toolName",
+                "prompt",
+                "options",
+                "isReadOnly",
             )
-            data = {
-                "toolUseId": wait.tool_use_id,
-                "toolName": "describe_prices",
-                "isError": denied,
-                "result": result,
-                "input": {"candidate": candidate["id"]},
-            }
-            p.emit("tool_result", data, **at)
-    for _, at in runs:
-        p.emit("candidate_step_completed", {"name": "price_estimation", "durationS": 0.01}, **at)
-    for candidate, at in runs:
-        data = {
-            "candidateId": candidate["id"],
-            "label": candidate["label"],
-            "totalMonthlyCost": candidate["totalMonthlyCost"],
         }
-        p.emit("candidate_completed", data, step=step, candidate=at["candidate"])
+        permission.update(permissionId=wait.input_id, pending=True)
+        requested = p.event(
+            "permission_requested",
+            {"toolName": "write_file", "toolUseId": wait.tool_use_id},
+            permission=permission,
+            **wait.extra["coords"],
+        )
+        p.send(requested, extra={"input": envelope})
+    decisions = _await_sideband(p, waits)
+    assert p.run is not None
+    for wait in waits:
+        tool_input = wait.extra["input"]
+        if decisions[wait.input_id] == "allow_once":
+            denied, result = write_file_result(pipe.language, p.run.task.cwd, tool_input["path"], TEMPLATE)
+        else:
+            denied, result = True, "The user denied permission to run write_file."
+        data = {"result": result, "toolName": "write_file", "isError": denied, "input": tool_input}
+        p.emit("tool_result", dict(data, toolUseId=wait.tool_use_id), **wait.extra["coords"])
+
+
+def _await_sideband(p: PipeRun, waits: list[Pending]) -> dict[str, str]:
+    """Block until every candidate-step permission is answered; ``permission_resolved`` for each."""
+    pipe = p.pipe
+    assert p.run is not None
+    decisions: dict[str, str] = {}
+    while len(decisions) < len(waits):
+        try:
+            pending, decision = pipe.side_answers.get(timeout=0.02)
+        except queue.Empty:
+            if p.run.task.cancel_event.is_set():
+                with p.state.lock:
+                    pipe.side_waits = []
+                raise Canceled() from None
+            continue
+        decisions[pending.input_id] = decision
+        data = {
+            "kind": "permission",
+            "decision": decision,
+            "pending": False,
+            "toolName": pending.envelope["toolName"],
+            "inputId": pending.input_id,
+            "permissionId": pending.input_id,
+            "toolUseId": pending.tool_use_id,
+        }
+        permission = {k: v for k, v in data.items() if k != "kind"}
+        p.emit("permission_resolved", data, permission=permission, **pending.extra["coords"])
+    return decisions
+
+
+def _pipe_deploy_permission(
+    p: PipeRun, step: dict[str, Any], *, chosen: dict[str, Any]
+) -> Generator[Any, Any, dict[str, Any]]:
+    """deploying calls ``ros_deploy``, whose permission is the step's wait (tests/data/a2a-selling/10, 11).
+
+    ``tool_started``, the usage pair, then ``permission_requested`` (status ``input_required``,
+    data ``{toolName, toolUseId}``, a ``permission`` object; journaled twice, ``pending_backup``
+    then ``committed``, only the second sent) in an INPUT_REQUIRED frame with ``iac_code.input``
+    (scope ``step``, ``deploymentSummary``, ``operation``), then ``backup_committed`` in one more
+    INPUT_REQUIRED frame without ``input``. Answered with the six-key permission data part:
+    ``inputReceived`` (WORKING, no envelope), ``permission_resolved``, the tool's result. Returns
+    the step's conclusion (``success`` with a stack id, or ``failed`` when denied).
+    """
+    pipe = p.pipe
+    tool_use_id = "call_deploy_" + random_hex(12)
+    stack = "agui-scripted-" + random_hex(6)
+    template = f"templates/{chosen['label'].lower().replace(' ', '-')}.yml"
+    tool_input = {
+        "template_url": template,
+        "stack_name": stack,
+        "action": "create",
+        "region_id": "cn-hangzhou",
+        "parameters": {},
+    }
+    p.emit("tool_started", {"toolName": "ros_deploy", "input": tool_input, "toolUseId": tool_use_id}, step=step)
+    with p.batch():
+        p.emit("usage", dict(_PIPE_USAGE), step=step)
+        p.emit("context_usage", _context_usage(1), step=step)
+    summary = {
+        "resources": [{"name": item["name"], "monthlyCost": item["monthlyCost"]} for item in chosen["costItems"]],
+        "action": "create",
+        "region": "cn-hangzhou",
+        "template": template,
+        "candidateName": chosen["label"],
+        "totalMonthlyCost": chosen["totalMonthlyCost"],
+        "stackName": stack,
+    }
+    operation = {
+        "apiCalls": [{"effect": "change", "product": "ROS", "action": "CreateStack"}],
+        "region": "cn-hangzhou",
+        "product": "ros",
+        "action": "create",
+        "target": {"type": "resource", "name": stack},
+    }
+    shown = {
+        "title": "Create ROS stack",
+        "purpose": "Call ros CreateStack for the requested Alibaba Cloud infrastructure task.",
+        "effect": "cloud_change",
+        "target": f"{stack} · {template} · cn-hangzhou",
+        "isReadOnly": False,
+        "prompt": "Create ROS stack Allow once?",
+        "safeSummary": f"Deploy a ROS stack; plan: {chosen['label']}; region: cn-hangzhou; stack: {stack}",
+        "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
+        "scope": "step",
+        "deploymentSummary": summary,
+        "operation": operation,
+    }
+    wait = Pending.for_permission(
+        task_id=pipe.task_id,
+        context_id=pipe.context_id,
+        language=pipe.language,
+        tool_use_id=tool_use_id,
+        tool_name="ros_deploy",
+        shown=shown,
+        extra={},
+    )
+    permission = {k: v for k, v in wait.envelope.items() if k in shown and k != "scope"}
+    permission.update(toolUseId=tool_use_id, inputId=wait.input_id, toolName="ros_deploy", language=pipe.language)
+    permission.update(permissionId=f"perm-{tool_use_id}", pending=True)
+    data = {"toolName": "ros_deploy", "toolUseId": tool_use_id}
+    kwargs = {"status": "input_required", "permission": permission, "step": step}
+    p.event("permission_requested", dict(data), visibility="pending_backup", **kwargs)
+    requested = p.event("permission_requested", dict(data), visibility="committed", **kwargs)
+    committed = {
+        "committedSequence": requested["sequence"],
+        "committedEventId": requested["eventId"],
+        "committedEventType": "permission_requested",
+    }
+    backup = p.event("backup_committed", committed, status="input_required")
+    with p.state.lock:
+        pipe.waits = [wait]
+    p.send(requested, extra={"input": wait.envelope})
+    decision = yield [backup], [wait]
+    resolved = {
+        "pending": False,
+        "toolName": "ros_deploy",
+        "toolUseId": tool_use_id,
+        "decision": decision,
+        "kind": "permission",
+        "inputId": wait.input_id,
+        "permissionId": f"perm-{tool_use_id}",
+    }
+    p.emit("permission_resolved", resolved, step=step)  # no permission object here (capture 11)
+    if decision != "allow_once":
+        result = {"toolName": "ros_deploy", "toolUseId": tool_use_id, "input": tool_input, "isError": True}
+        p.emit("tool_result", dict(result, result="The user denied permission to run ros_deploy."), step=step)
+        return {"status": "failed", "error": "The user denied the deployment."}
+    stack_id = str(uuid.uuid4())
+    outcome = {"StackId": stack_id, "Status": "CREATE_COMPLETE", "StackName": stack}
+    result = {"toolName": "ros_deploy", "toolUseId": tool_use_id, "input": tool_input, "isError": False}
+    p.emit("tool_result", dict(result, result=json.dumps(outcome)), step=step)
+    return {"status": "success", "stack_id": stack_id, "stack_name": stack, "region": "cn-hangzhou"}
 
 
 def _pipe_complete_step(p: PipeRun, step: dict[str, Any], conclusion: dict[str, Any], *, ooo: bool) -> None:
@@ -513,7 +845,13 @@ def _pipe_finish(p: PipeRun, outcome: str) -> None:
     terminal = "pipeline_failed" if failed else "pipeline_completed"
     total = len(PIPELINE_STEPS)
     terminal_data = (
-        {"totalSteps": total, "failed": True} if failed else {"totalSteps": total, "earlyExit": outcome == "early_exit"}
+        {"totalSteps": total, "failed": True}
+        if failed
+        # a completed pipeline's data has no earlyExit (tests/data/a2a-selling/02, 11); an early exit's
+        # has earlyExit: true (tests/data/a2a/39)
+        else {"totalSteps": total, "earlyExit": True}
+        if outcome == "early_exit"
+        else {"totalSteps": total}
     )
     handoff = {
         "action": "switch_to_normal",

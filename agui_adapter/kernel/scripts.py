@@ -231,33 +231,21 @@ def _script_read_tool(run: Run, *, progress: bool) -> None:
     )
 
 
-def _script_write(run: Run) -> None:
-    language = run.task.language
+def write_permission_shown(language: str, path: str, content: str) -> dict[str, Any]:
+    """What a ``write_file`` permission shows (its envelope's keys after ``toolName``, capture 02)."""
     texts = _PERMISSION_TEXTS.get(language, _PERMISSION_TEXTS["en"])
-    run.delta("I will write the file now.")
-    tool_use_id = "call_write_" + random_hex(12)
-    tool_input = {"content": WRITE_CONTENT, "path": WRITE_PATH}
-    run.tool_call(tool_use_id, "write_file", tool_input)
-    run.end_llm_call()
-    fingerprint = hashlib.sha256(WRITE_CONTENT.encode("utf-8")).hexdigest()[:16]
+    fingerprint = hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
     summary = json.dumps(
-        {
-            "content": {
-                "fingerprint": f"sha256:{fingerprint}",
-                "length": len(WRITE_CONTENT),
-                "type": "str",
-            },
-            "path": WRITE_PATH,
-        },
+        {"content": {"fingerprint": f"sha256:{fingerprint}", "length": len(content), "type": "str"}, "path": path},
         separators=(",", ":"),
         sort_keys=True,
         ensure_ascii=False,
     )
-    shown = {
+    return {
         "title": texts["title"],
         "purpose": texts["purpose"],
         "effect": "file_change",
-        "target": WRITE_PATH,
+        "target": path,
         "isReadOnly": False,
         "prompt": texts["prompt"],
         "safeSummary": f"write_file: {summary}",
@@ -266,6 +254,29 @@ def _script_write(run: Run) -> None:
             {"id": "deny", "label": texts["deny"]},
         ],
     }
+
+
+def write_file_result(language: str, cwd: str, path: str, content: str) -> tuple[bool, str]:
+    """Write ``content`` to ``path`` inside ``cwd``; ``(is_error, result text)`` as write_file reports it."""
+    texts = _PERMISSION_TEXTS.get(language, _PERMISSION_TEXTS["en"])
+    target = os.path.join(cwd, path)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as handle:
+            handle.write(content.encode("utf-8"))
+    except OSError as exc:
+        return True, f"Error: {exc}"
+    return False, texts["wrote"].format(lines=content.count("\n"), path=target)
+
+
+def _script_write(run: Run) -> None:
+    language = run.task.language
+    run.delta("I will write the file now.")
+    tool_use_id = "call_write_" + random_hex(12)
+    tool_input = {"content": WRITE_CONTENT, "path": WRITE_PATH}
+    run.tool_call(tool_use_id, "write_file", tool_input)
+    run.end_llm_call()
+    shown = write_permission_shown(language, WRITE_PATH, WRITE_CONTENT)
     run.interrupt(
         Pending.for_permission(
             task_id=run.tid,

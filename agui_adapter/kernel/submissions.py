@@ -35,6 +35,7 @@ from agui_adapter.kernel.pipeline_waits import (
     INPUT_NOT_ACTIVE,
     INPUT_RESPONSE_MISMATCH,
     pipeline_answer_locked,
+    sideband_answer_locked,
     start_pipeline,
 )
 from agui_adapter.kernel.pipelines import pipeline_body
@@ -228,21 +229,16 @@ class Submissions:
             pending = task.pending
             pipe = self.state.pipelines.get(task.id)
             script: Callable[[Run], None]
-            if pipe is not None and pipe.waits and not task.running:
-                resume = pipeline_answer_locked(
-                    self.state,
-                    task,
-                    pipe,
-                    context_id=context_id,
-                    answer=answer,
-                    response=response,
-                    text=text,
-                    unary=unary,
-                    subscriber=subscriber,
+            if answer is not None and pipe is not None and pipe.side_waits and task.running:
+                # a candidate-step permission: the running pipeline takes the answer
+                sideband_answer_locked(
+                    task, pipe, context_id=context_id, answer=answer, unary=unary, subscriber=subscriber
                 )
-                if resume is None:  # one of several permissions: acknowledged in place
-                    return task, subscriber
-                script = resume
+                return task, subscriber
+            if pipe is not None and pipe.waits and not task.running:
+                script = pipeline_answer_locked(
+                    task, pipe, context_id=context_id, answer=answer, response=response, text=text
+                )
             elif response is not None:
                 raise invalid_params(INPUT_NOT_ACTIVE)
             elif answer is not None:

@@ -233,6 +233,8 @@ class KernelState:
         candidate_step: dict[str, Any] | None = None,
         visibility: str | None = None,
         input_: dict[str, Any] | None = None,
+        permission: dict[str, Any] | None = None,
+        artifact: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create one pipeline envelope, journal it and project it into the snapshot."""
         pipe.seq = self.pipeline_sequences.get(pipe.context_id, 0) + 1
@@ -262,6 +264,8 @@ class KernelState:
             ("candidate", candidate),
             ("candidateStep", candidate_step),
             ("input", input_),
+            ("permission", permission),
+            ("artifact", artifact),
             ("visibility", visibility),
         ):
             if value is not None:
@@ -378,6 +382,9 @@ class KernelState:
         pipe = self.pipelines.get(task.id)
         if pipe is not None and pipe.waits:
             iac.update(wait_iac(pipe.waits))
+        elif pipe is not None and pipe.side_waits and not task.canceled:
+            # a candidate-step permission: the task stays WORKING, the stored task lists the waits
+            iac["pendingPermissions"] = [dict(w.envelope) for w in pipe.side_waits]
         elif task.pending is not None:
             iac["input"] = task.pending.envelope
             if task.pending.permission is not None:

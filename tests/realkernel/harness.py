@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import pytest
+import requests
 
+from tests.support.agui_client import RunResult, session_value
 from tests.support.fake_llm import FakeLLM, message_text, read_log
 from tests.support.ports import free_port
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
@@ -501,3 +503,53 @@ class Adapters:
     def stop_all(self) -> None:
         for process in self.started:
             process.stop()
+
+
+# --- pipeline runs through the adapter ----------------------------------------------------------
+PIPELINE = "iac-code.pipeline.v1"
+
+
+def pipeline_events(*runs: RunResult) -> list[dict[str, Any]]:
+    return [c["value"] for r in runs for c in r.of("CUSTOM") if c["name"] == PIPELINE]
+
+
+def only_interrupt(result: RunResult) -> dict[str, Any]:
+    assert result.terminal["type"] == "RUN_FINISHED", result.terminal
+    assert result.terminal["outcome"]["type"] == "interrupt", result.terminal
+    [interrupt] = result.terminal["outcome"]["interrupts"]
+    return dict(interrupt)
+
+
+def journal(kernel: RealKernel, task_id: str) -> list[dict[str, Any]]:
+    """Every event of the kernel's pipeline journal for ``task_id``."""
+    state = requests.get(
+        kernel.url + "/iac-code/pipeline/state",
+        params={"taskId": task_id, "afterSequence": 0, "includeSnapshot": "false"},
+        headers=kernel.headers(),
+        timeout=10,
+    ).json()
+    return list(state["events"])
+
+
+def step_names(result: RunResult, kind: str) -> list[str]:
+    return [e["stepName"] for e in result.of(kind)]
+
+
+def official_check(runs: list[RunResult], payloads: list[dict[str, Any]]) -> None:
+    from tests.support.agui_check.official import check_streams, require_official_client
+
+    require_official_client()
+    verdict = check_streams([r.raw for r in runs], resume_payload=payloads[0] if payloads else None)
+    assert verdict.ok, verdict.output
+
+
+def assert_journal_delivered_once(kernel: RealKernel, runs: list[RunResult]) -> None:
+    """Every allowlisted event of the real journal reached the client, and exactly once."""
+    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES  # the adapter's allowlist (the harness needs no adapter)
+
+    ids = [e["eventId"] for e in pipeline_events(*runs)]
+    assert len(ids) == len(set(ids)), "a pipeline event was delivered twice"
+    wanted = {
+        e["eventId"] for e in journal(kernel, session_value(runs[0])["taskId"]) if e["eventType"] in CUSTOM_EVENT_TYPES
+    }
+    assert set(ids) == wanted

@@ -20,16 +20,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
-from tests.support.agui_client import Client, RunResult, run_body, session_value
+from tests.support.agui_client import Client, run_body, session_value
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.fake_llm import SELL_CANDIDATES, SELL_DEPLOY_ERROR, message_text
 
-from .harness import RealKernel, get_task, llm_log, thread_id, wait_task_state
+from .harness import (
+    PIPELINE,
+    RealKernel,
+    assert_journal_delivered_once,
+    get_task,
+    journal,
+    llm_log,
+    official_check,
+    only_interrupt,
+    pipeline_events,
+    step_names,
+    thread_id,
+    wait_task_state,
+)
 
-PIPELINE = "iac-code.pipeline.v1"
 BUSINESS_STEPS = ["intent_parsing", "architecture_planning", "evaluate_candidates", "confirm_and_select", "deploying"]
 CANDIDATE_STEPS = ["template_generating", "cost_estimating"]
 
@@ -60,50 +69,6 @@ def answer(body: dict[str, Any], interrupt: dict[str, Any], payload: dict[str, A
         candidatePresentation="rich",
         resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}],
     )
-
-
-def pipeline_events(*runs: RunResult) -> list[dict[str, Any]]:
-    return [c["value"] for r in runs for c in r.of("CUSTOM") if c["name"] == PIPELINE]
-
-
-def only_interrupt(result: RunResult) -> dict[str, Any]:
-    assert result.terminal["type"] == "RUN_FINISHED", result.terminal
-    assert result.terminal["outcome"]["type"] == "interrupt", result.terminal
-    [interrupt] = result.terminal["outcome"]["interrupts"]
-    return dict(interrupt)
-
-
-def journal(kernel: RealKernel, task_id: str) -> list[dict[str, Any]]:
-    """Every event of the kernel's pipeline journal for ``task_id``."""
-    state = requests.get(
-        kernel.url + "/iac-code/pipeline/state",
-        params={"taskId": task_id, "afterSequence": 0, "includeSnapshot": "false"},
-        headers=kernel.headers(),
-        timeout=10,
-    ).json()
-    return list(state["events"])
-
-
-def assert_journal_delivered_once(kernel: RealKernel, runs: list[RunResult]) -> None:
-    """Every allowlisted event of the real journal reached the client, and exactly once."""
-    ids = [e["eventId"] for e in pipeline_events(*runs)]
-    assert len(ids) == len(set(ids)), "a pipeline event was delivered twice"
-    wanted = {
-        e["eventId"] for e in journal(kernel, session_value(runs[0])["taskId"]) if e["eventType"] in CUSTOM_EVENT_TYPES
-    }
-    assert set(ids) == wanted
-
-
-def step_names(result: RunResult, kind: str) -> list[str]:
-    return [e["stepName"] for e in result.of(kind)]
-
-
-def official_check(runs: list[RunResult], payloads: list[dict[str, Any]]) -> None:
-    from tests.support.agui_check.official import check_streams, require_official_client
-
-    require_official_client()
-    verdict = check_streams([r.raw for r in runs], resume_payload=payloads[0] if payloads else None)
-    assert verdict.ok, verdict.output
 
 
 # ============================================================================ tests

@@ -20,7 +20,15 @@ kernel sends, using markers in the latest user message:
                 of the template in each candidate's template step; ``[PIPE-SLOW]`` the
                 architecture step streams one chunk per ``slow_interval``; ``[PIPE-DEPLOY]``
                 deploying first calls ``ros_deploy`` (create, remote template URL: a permission
-                is asked before any cloud call) and concludes ``failed`` with its result.
+                is asked before any cloud call) and concludes ``failed`` with its result;
+                ``[PIPE-CLOUD]`` (with the fake cloud of ``tests/support/fake_aliyun.py``) each
+                candidate's cost step calls ``ros_validate_template``, ``ros_preview_template``
+                and ``ros_estimate_template_cost`` on a remote template URL and concludes with
+                the ``TradeAmount`` the kernel handed back (``preview_validation.succeeded``),
+                confirm_and_select offers those prices, and deploying calls ``ros_deploy``
+                (create) and concludes with its result. The markers reach a candidate's cost
+                step through the candidates' ``resource_intents``, the only candidate field
+                its prompt shows.
 (judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
                 ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
@@ -257,6 +265,18 @@ class Script:
             arguments = {"path": candidate["output_path"], "content": SELL_TEMPLATE}
             deltas += _tool_call_deltas(self._call_id("write"), "write_file", arguments)
             return Reply("sell-template-write", deltas, finish_reason="tool_calls")
+        if step == "cost_estimating" and "[PIPE-CLOUD]" in everything:
+            index = _candidate_index(messages)
+            for tool, arguments in sell_cloud_cost_calls(index):
+                if tool not in calls:
+                    deltas += _tool_call_deltas(self._call_id("cloud"), tool, arguments)
+                    return Reply(f"sell-cost-{tool}", deltas, finish_reason="tool_calls")
+        if step == "deploying" and "[PIPE-CLOUD]" in everything and "ros_deploy" not in calls:
+            chosen = _deploy_choice(messages)
+            arguments = {"action": "create", "stack_name": f"agui-fake-{chosen}", "parameters": {}}
+            arguments |= {"template_url": sell_template_url(chosen), "region_id": "cn-hangzhou"}
+            deltas += _tool_call_deltas(self._call_id("deploy"), "ros_deploy", arguments)
+            return Reply("sell-deploying-ros-deploy", deltas, finish_reason="tool_calls")
         if step == "deploying" and "[PIPE-DEPLOY]" in everything and "ros_deploy" not in calls:
             deltas += _tool_call_deltas(self._call_id("deploy"), "ros_deploy", dict(SELL_DEPLOY_INPUT))
             return Reply("sell-deploying-ros-deploy", deltas, finish_reason="tool_calls")
@@ -351,6 +371,56 @@ SELL_DEPLOY_INPUT = {
 }
 
 
+def sell_template_url(index: int) -> str:
+    """[PIPE-CLOUD]: where candidate ``index``'s template is (a remote URL: ROS reads it, not the kernel)."""
+    return (
+        f"https://agui-fake-templates.oss-cn-hangzhou.aliyuncs.com/{Path(SELL_CANDIDATES[index]['output_path']).name}"
+    )
+
+
+def sell_cloud_cost_calls(index: int) -> list[tuple[str, dict[str, Any]]]:
+    """[PIPE-CLOUD]: the ROS calls of a candidate's cost step, in order (validate, preview, price)."""
+    url = sell_template_url(index)
+    return [
+        ("ros_validate_template", {"template_url": url, "region_id": "cn-hangzhou"}),
+        (
+            "ros_preview_template",
+            {"template_url": url, "stack_name": f"agui-preview-{index}", "parameters": {}, "region_id": "cn-hangzhou"},
+        ),
+        ("ros_estimate_template_cost", {"template_url": url, "parameters": {}, "region_id": "cn-hangzhou"}),
+    ]
+
+
+def prompt_costs(text: str) -> list[str]:
+    """The ``¥N.NN/月`` amounts of a prompt, in order (JSON in prompts may escape the symbols)."""
+    found = re.findall(r"(?:¥|\\u00a5)([0-9]+\.[0-9]{2})/(?:月|\\u6708)", text)
+    return [f"¥{amount}/月" for amount in found]
+
+
+def _tool_results(messages: list[dict[str, Any]]) -> list[str]:
+    return [message_text(m) for m in messages if m.get("role") == "tool"]
+
+
+def cloud_monthly_cost(messages: list[dict[str, Any]]) -> str | None:
+    """The total of the GetTemplateEstimateCost answer the kernel handed back (``TradeAmount``s)."""
+    for text in reversed(_tool_results(messages)):
+        amounts = [float(a) for a in re.findall(r'"TradeAmount"\s*:\s*([0-9.]+)', text)]
+        if amounts:
+            return f"¥{sum(amounts):.2f}/月"
+    return None
+
+
+def _deploy_choice(messages: list[dict[str, Any]]) -> int:
+    """The candidate the deploying step was given (its name in the step's prompt)."""
+    text = prompt_text(messages)
+    return 1 if SELL_CANDIDATES[1]["name"] in text and SELL_CANDIDATES[0]["name"] not in text else _chosen_any(text)
+
+
+def _chosen_any(text: str) -> int:
+    found = re.search(r'"selected_candidate_index"\s*:\s*(\d+)', text)
+    return int(found.group(1)) if found and int(found.group(1)) < len(SELL_CANDIDATES) else 0
+
+
 def _assistant_calls(messages: list[dict[str, Any]]) -> list[str]:
     """Names of the tools the assistant already called in this conversation, in order."""
     return [
@@ -408,7 +478,17 @@ def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: di
         }
     if step == "architecture_planning":
         carried = markers(prompt_text(messages))
-        return {"candidates": [dict(c, topology=f"{c['topology']} {carried}") for c in SELL_CANDIDATES]}
+        # the cost step's prompt shows only a candidate's name and resource_intents: the markers ride there
+        return {
+            "candidates": [
+                dict(
+                    c,
+                    topology=f"{c['topology']} {carried}",
+                    resource_intents=[{"product": "VPC", "action": "create", "notes": carried}],
+                )
+                for c in SELL_CANDIDATES
+            ]
+        }
     if step == "template_generating":
         candidate = SELL_CANDIDATES[_candidate_index(messages)]
         return {
@@ -416,6 +496,18 @@ def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: di
             "file_path": candidate["output_path"],
             "region": "cn-hangzhou",
             "description": f"template for {candidate['name']}",
+        }
+    if step == "cost_estimating" and "[PIPE-CLOUD]" in prompt_text(messages):
+        index = _candidate_index(messages)
+        total = cloud_monthly_cost(messages) or "unknown"
+        return {
+            "monthly_estimate": total,
+            "currency": "CNY",
+            "resources": [{"type": "ALIYUN::ECS::VPC", "cost": total}],
+            "template_fixed": False,
+            "deployment_parameters": {},
+            "hard_constraint_checks": [],
+            "preview_validation": {"succeeded": True, "template_url": sell_template_url(index), "parameters": {}},
         }
     if step == "cost_estimating":
         total, items = SELL_COSTS[_candidate_index(messages)]
@@ -442,12 +534,19 @@ def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: di
             {"name": c["name"], "summary": f"{c['topology']}.", "candidate_index": i}
             for i, c in enumerate(SELL_CANDIDATES)
         ]
+        # [PIPE-CLOUD]: each candidate's cost, as its cost step concluded it (once per candidate)
+        text = prompt_text(messages)
+        cloud = list(dict.fromkeys(prompt_costs(text))) if "[PIPE-CLOUD]" in text else []
         if rich:
             for i, option in enumerate(options):
+                total, items = SELL_COSTS[i]
+                if cloud:  # [PIPE-CLOUD]: the costs the cost steps got from the (fake) cloud
+                    total = cloud[min(i, len(cloud) - 1)]
+                    items = (("ALIYUN::ECS::VPC", total),)
                 option.update(
                     architecture_diagram="flowchart LR\n  user --> site",
-                    total_monthly_cost=SELL_COSTS[i][0],
-                    cost_items=[{"name": kind, "monthly_cost": cost} for kind, cost in SELL_COSTS[i][1]],
+                    total_monthly_cost=total,
+                    cost_items=[{"name": kind, "monthly_cost": cost} for kind, cost in items],
                 )
         return {"user_prompt": "Which plan should be deployed?", "options": options}
     if step == "deploying":
