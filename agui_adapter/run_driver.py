@@ -15,6 +15,13 @@ first write, ``close()`` asks the machine, ``client_gone``, and carries out its 
 the same way) and through ``release_now``, by which the cancel extension frees the
 thread at once even while this run's writer is blocked on a client that stopped reading.
 
+Every chunk the run writes (heartbeats aside) is also appended to the run's journal
+(``journal``), each event numbered by its SSE ``id``, so that a client can reattach. When
+the client goes away and a disconnect grace period is set, or when a reattached reader took
+the run over (seen on the idle ticks between heartbeats), ``close()`` does not end the run:
+it goes on, on a thread of its own, into its journal, until it ends or nobody has been
+attached for the grace period (the machine's ``abandoned``).
+
 What operators see of a run is counted here too, cheaply: events and bytes per written
 chunk (one add each, never per event), the time to the first event after RUN_STARTED,
 the outcome at ``Finish`` (``metrics``), a client gone before the end; and one log line
