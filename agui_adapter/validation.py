@@ -165,14 +165,27 @@ def _fast_check() -> fastschema.Check | None:
         return None
 
 
+def _not_below(*_args: Any) -> Any:
+    return iter(())
+
+
+#: jsonschema's validator without the keywords that descend into members and items: what
+#: it reports are the errors of a node itself. ``additionalProperties`` still reads the
+#: names of ``properties``, so ``false`` still finds the unknown members.
+_OwnErrorsValidator = validators.extend(_StrictValidator, {"properties": _not_below, "items": _not_below})
 _scoped_validators: dict[int, Any] = {}
 
 
 def _scoped_validator(schema: Any) -> Any:
-    """jsonschema's validator for one sub-schema of the envelope (cached; sub-schemas live as long)."""
+    """jsonschema's validator of the errors at a node itself, for one sub-schema of the
+    envelope (cached; sub-schemas live as long as the process). Below the node everything
+    is what the fast path found valid, or sorts after the node's own errors anyway."""
     validator = _scoped_validators.get(id(schema))
     if validator is None:
-        validator = _scoped_validators[id(schema)] = _StrictValidator(schema)
+        shallow = schema
+        if isinstance(schema, dict) and isinstance(schema.get("additionalProperties"), dict):
+            shallow = {**schema, "additionalProperties": True}
+        validator = _scoped_validators[id(schema)] = _OwnErrorsValidator(shallow)
     return validator
 
 
