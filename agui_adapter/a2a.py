@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
+from .http11 import ChunkedDecoder
 from .sse import SSEDecoder
 
 try:  # the optional "speedups" extra: about 25% more events/s on the kernel's frames
@@ -135,7 +136,13 @@ class KernelStream:
 
 class ConnectionStream(KernelStream):
     """A streaming response read with ``http.client`` on a pooled connection; the
-    connection goes back to its pool when the body was read to its end."""
+    connection goes back to its pool when the body was read to its end.
+
+    A chunked body (what the kernel sends) is decoded here, with the wire rules of the
+    server's own decoder (``http11.ChunkedDecoder``), rather than by ``http.client``,
+    whose ``read1`` hands back one HTTP chunk per call: the kernel writes one chunk per
+    frame, so one item per network read carries every frame that has arrived, and the run
+    decodes them in one go instead of one queue item and one parser call per frame."""
 
     def __init__(
         self,
@@ -150,13 +157,17 @@ class ConnectionStream(KernelStream):
         self._give_back: Callable[[], None] | None = give_back
 
     def chunks(self) -> Iterator[bytes]:
-        read1 = self._http.read1
         try:
-            while True:
-                data = read1(65536)
-                if not data:
-                    break
-                yield data
+            if self._http.chunked and self._http.fp is not None:
+                yield from self._dechunked(self._http.fp)
+                self._http.close()  # the body is over: the connection can serve the next call
+            else:
+                read1 = self._http.read1
+                while True:
+                    data = read1(65536)
+                    if not data:
+                        break
+                    yield data
         except Exception as exc:  # http.client and socket errors alike
             if self.closed:
                 return
@@ -167,6 +178,19 @@ class ConnectionStream(KernelStream):
             give_back, self._give_back = self._give_back, None
         if give_back is not None and self._http.isclosed() and not self._http.will_close:
             give_back()
+
+    @staticmethod
+    def _dechunked(fp: Any) -> Iterator[bytes]:
+        """The data of a chunked body, all that arrived with each network read."""
+        decoder = ChunkedDecoder()
+        while not decoder.done:
+            data = fp.read1(65536)
+            if not data:
+                raise http.client.IncompleteRead(b"")
+            decoder.feed(data)
+            available = decoder.read_available()
+            if available:
+                yield available
 
     def close(self) -> None:
         with self._lock:

@@ -257,7 +257,7 @@ class ChunkedDecoder:
     the body (the start of the connection's next request).
     """
 
-    __slots__ = ("_buf", "_state", "_left", "_trailer_bytes")
+    __slots__ = ("_buf", "_pos", "_state", "_left", "_trailer_bytes")
 
     _SIZE, _DATA, _DATA_END, _TRAILERS, _DONE = range(5)
     _LINE_LIMITS = {_SIZE: MAX_CHUNK_LINE, _DATA_END: 3, _TRAILERS: MAX_TRAILERS}
@@ -265,6 +265,7 @@ class ChunkedDecoder:
 
     def __init__(self) -> None:
         self._buf = b""
+        self._pos = 0  # where the unread bytes of ``_buf`` start (no copy per chunk taken)
         self._state = self._SIZE
         self._left = 0
         self._trailer_bytes = 0
@@ -276,10 +277,13 @@ class ChunkedDecoder:
     @property
     def unused(self) -> bytes:
         """The bytes fed past the end of the body (empty until it is over)."""
-        return self._buf if self.done else b""
+        return self._buf[self._pos :] if self.done else b""
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        if self._pos:
+            self._buf, self._pos = self._buf[self._pos :] + data, 0
+        else:
+            self._buf += data
 
     def read(self, size: int = -1) -> bytes | None:
         while True:
@@ -287,11 +291,14 @@ class ChunkedDecoder:
             if state == self._DONE:
                 return b""
             if state == self._DATA:
-                if not self._buf:
+                pos = self._pos
+                available = len(self._buf) - pos
+                if not available:
                     return None
-                take = self._left if size < 0 else min(size, self._left)
-                data, self._buf = self._buf[:take], self._buf[take:]
-                self._left -= len(data)
+                take = min(self._left, available) if size < 0 else min(size, self._left, available)
+                data = self._buf[pos : pos + take]
+                self._pos = pos + take
+                self._left -= take
                 if self._left == 0:
                     self._state = self._DATA_END
                 return data
@@ -312,17 +319,43 @@ class ChunkedDecoder:
                 if line in _LINE_ENDS:
                     self._state = self._DONE
 
+    def read_available(self) -> bytes | None:
+        """All the body data at hand, across chunks (``read`` gives one chunk's at a time):
+        ``b""`` once the body is over, None when more bytes are needed first."""
+        parts: list[bytes] = []
+        buf = self._buf
+        while True:
+            if self._state == self._SIZE:  # the common case, inline: size line, data, CRLF
+                pos = self._pos
+                end = buf.find(b"\n", pos, pos + MAX_CHUNK_LINE)
+                if end >= 0:
+                    size = parse_chunk_size(buf[pos : end + 1])
+                    start = end + 1
+                    stop = start + size
+                    if size and buf[stop : stop + 2] == b"\r\n":
+                        parts.append(buf[start:stop])
+                        self._pos = stop + 2
+                        continue
+            data = self.read(-1)
+            if data:
+                parts.append(data)
+                continue
+            if parts:
+                return b"".join(parts)
+            return data
+
     def _line(self, limit: int) -> bytes | None:
         """Up to and including the next LF, or the first ``limit`` bytes; None until either is here."""
-        end = self._buf.find(b"\n", 0, limit)
+        pos = self._pos
+        end = self._buf.find(b"\n", pos, pos + limit)
         if end >= 0:
             end += 1
-        elif len(self._buf) >= limit:
-            end = limit
+        elif len(self._buf) - pos >= limit:
+            end = pos + limit
         else:
             return None
-        line, self._buf = self._buf[:end], self._buf[end:]
-        return line
+        self._pos = end
+        return self._buf[pos:end]
 
 
 def encode_chunk(data: bytes, head: bytes = b"") -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agui_adapter.http11 import (
     LAST_CHUNK,
@@ -510,3 +512,35 @@ def test_error_responses_are_json_and_close() -> None:
     assert json.loads(body) == {"error": {"code": "SERVER_BUSY", "message": "retry"}}
     assert body == error_body("SERVER_BUSY", "retry")
     assert split_response(error_response(408, "REQUEST_TIMEOUT", "late", DATE))[0] == "HTTP/1.1 408 Request Timeout"
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=40), max_size=8),
+    st.lists(st.integers(1, 30), min_size=1, max_size=20),
+    st.booleans(),
+)
+def test_read_available_gives_every_chunk_at_hand(pieces: list[bytes], cuts: list[int], lf_only: bool) -> None:
+    """``read_available`` returns what ``read`` would over several calls, however the bytes arrive."""
+    end = b"\n" if lf_only else b"\r\n"
+    wire = b"".join(b"%x%s%s%s" % (len(p), end, p, end) for p in pieces) + b"0" + end + end + b"NEXT"
+    decoder = ChunkedDecoder()
+    got: list[bytes] = []
+    offset = 0
+    for cut in [*cuts, len(wire)]:
+        decoder.feed(wire[offset : offset + cut])
+        offset += cut
+        data = decoder.read_available()
+        if data:
+            got.append(data)
+        if decoder.done or offset >= len(wire):
+            break
+    assert decoder.done and decoder.read_available() == b""
+    assert b"".join(got) == b"".join(pieces)
+    assert decoder.unused == wire[len(wire) - 4 : offset]
+
+
+def test_read_available_refuses_a_broken_chunk() -> None:
+    decoder = ChunkedDecoder()
+    decoder.feed(b"3\r\nabcX\r\n")
+    with pytest.raises(ProtocolError):
+        decoder.read_available()
