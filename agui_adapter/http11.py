@@ -44,6 +44,7 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer"))
 _LINE_ENDS = (b"\r\n", b"\n")
+_FRAMING_HEADERS = frozenset(("connection", "transfer-encoding", "content-length"))
 
 Headers = list[tuple[str, str]]
 ResponseFraming = Literal["length", "chunked", "close", "none"]
@@ -149,6 +150,7 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
     method, target, version = _request_line(lines[0].rstrip("\r"))
     path, query = _split_target(target)
     headers: Headers = []
+    framing: Headers = []  # the headers that decide keep-alive and the body's framing
     for raw in lines[1:]:
         line = raw.rstrip("\r")
         if not line:
@@ -158,7 +160,10 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         name, sep, value = line.partition(":")
         if not sep or not _TOKEN.fullmatch(name) or "\x00" in value:  # also refuses obs-fold
             raise _bad_request("A request header is malformed.")
-        headers.append((name, value.strip(" \t")))
+        header = (name, value.strip(" \t"))
+        headers.append(header)
+        if name.lower() in _FRAMING_HEADERS:
+            framing.append(header)
     return Request(
         method,
         target,
@@ -166,8 +171,8 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         query,
         version,
         headers,
-        keep_alive=wants_keep_alive(version, headers),
-        body=body_framing(version, headers),
+        keep_alive=wants_keep_alive(version, framing),
+        body=body_framing(version, framing),
     )
 
 

@@ -102,5 +102,11 @@ def configure(level: str, log_format: str = "text") -> None:
     handler.addFilter(RunContext())
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    if handler in logging.getLogger().handlers:  # these lines are the process's logging
+        # Neither format shows where a log call was made, from which thread or process
+        # name: skip finding that out for every record (the logging HOWTO, "Optimization").
+        logging._srcfile = None  # type: ignore[attr-defined]
+        logging.logThreads = False
+        logging.logMultiprocessing = False
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
