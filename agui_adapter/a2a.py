@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -147,16 +147,19 @@ class ConnectionStream(KernelStream):
     def __init__(
         self,
         response: http.client.HTTPResponse,
+        connection: http.client.HTTPConnection,
         sock: socket.socket,
-        give_back: Callable[[], None],
+        pool: StreamConnections,
     ) -> None:
         self._http = response
         self._lock = threading.Lock()
         self._done = False
         self._sock = sock
-        self._give_back: Callable[[], None] | None = give_back
+        self._connection: http.client.HTTPConnection | None = connection
+        self._pool = pool
 
     def chunks(self) -> Iterator[bytes]:
+        finished = False
         try:
             if self._http.chunked and self._http.fp is not None:
                 yield from self._dechunked(self._http.fp)
@@ -168,16 +171,25 @@ class ConnectionStream(KernelStream):
                     if not data:
                         break
                     yield data
+            finished = self._http.isclosed() and not self._http.will_close
         except Exception as exc:  # http.client and socket errors alike
             if self.closed:
                 return
             raise KernelUnavailable(f"kernel stream broke: {exc.__class__.__name__}") from exc
         finally:
             self._ended()
-        with self._lock:  # read to its end, never aborted: the connection can serve again
-            give_back, self._give_back = self._give_back, None
-        if give_back is not None and self._http.isclosed() and not self._http.will_close:
-            give_back()
+            self._let_go(reuse=finished)  # read to its end, never aborted: it can serve again
+
+    def _let_go(self, *, reuse: bool) -> None:
+        """Give the connection back to the pool, or close it (once)."""
+        with self._lock:
+            connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if reuse:
+            self._pool.give_back(connection)
+        else:
+            connection.close()
 
     @staticmethod
     def _dechunked(fp: Any) -> Iterator[bytes]:
@@ -194,7 +206,6 @@ class ConnectionStream(KernelStream):
 
     def close(self) -> None:
         with self._lock:
-            self._give_back = None
             if not self._done:
                 try:
                     self._sock.shutdown(socket.SHUT_RDWR)
@@ -205,6 +216,7 @@ class ConnectionStream(KernelStream):
             self._http.close()
         except Exception:  # noqa: BLE001 - closing must never raise
             pass
+        self._let_go(reuse=False)
 
 
 class StreamConnections:
@@ -438,8 +450,7 @@ class KernelClient:
             if isinstance(answer, dict) and "error" in answer:
                 raise KernelRejected(answer["error"])
             raise KernelUnavailable(f"{method}: unexpected {content_type or 'untyped'} answer")
-        kept = connection
-        return ConnectionStream(response, sock, lambda: pool.give_back(kept))
+        return ConnectionStream(response, connection, sock, pool)
 
     def send_streaming_message(self, message: dict[str, Any]) -> KernelStream:
         return self.stream(
