@@ -547,11 +547,25 @@ def redact_secrets(payload: dict[str, Any]) -> dict[str, Any]:
     Header names of ``llmHeaders`` are kept, their values are not. Works on invalid bodies
     too (for logging): anything not reachable through objects is left alone.
     """
-    redacted = copy.deepcopy(payload)
+    return copy.deepcopy(_redacted_view(payload))
+
+
+def _redacted_view(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with its secret values replaced, for reading only: the objects on the
+    way to a secret are copied, everything else is shared with ``payload``."""
+    redacted = dict(payload)
+    copied = {id(redacted)}
     for path in SECRET_PATHS:
         node: Any = redacted
         for key in path[:-1]:
-            node = node.get(key) if isinstance(node, dict) else None
+            child = node.get(key)
+            if not isinstance(child, dict):
+                node = None
+                break
+            if id(child) not in copied:  # each object on the way is copied once
+                child = node[key] = dict(child)
+                copied.add(id(child))
+            node = child
         if not isinstance(node, dict) or path[-1] not in node:
             continue
         value = node[path[-1]]
@@ -571,5 +585,5 @@ def request_digest(payload: dict[str, Any]) -> str:
     that only refreshes an STS token or API key is the *same* request, and no secret is
     hashed into stored state. Lone surrogates (legal in parsed JSON) are kept as is.
     """
-    canonical = json.dumps(redact_secrets(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(_redacted_view(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
