@@ -45,6 +45,16 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer"))
 _LINE_ENDS = (b"\r\n", b"\n")
 _FRAMING_HEADERS = frozenset(("connection", "transfer-encoding", "content-length"))
+_TOKENS_SEEN: set[str] = set()  # header names already found valid (a few dozen in practice)
+
+
+def _valid_token(name: str) -> bool:
+    if not _TOKEN.fullmatch(name):
+        return False
+    if len(_TOKENS_SEEN) < 256:  # bounded: names are client input
+        _TOKENS_SEEN.add(name)
+    return True
+
 
 Headers = list[tuple[str, str]]
 ResponseFraming = Literal["length", "chunked", "close", "none"]
@@ -158,12 +168,18 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         if len(headers) >= max_headers:
             raise ProtocolError(431, "HEADERS_TOO_LARGE", "The request has too many headers.")
         name, sep, value = line.partition(":")
-        if not sep or not _TOKEN.fullmatch(name) or "\x00" in value:  # also refuses obs-fold
+        if not sep or "\x00" in value or (name not in _TOKENS_SEEN and not _valid_token(name)):  # refuses obs-fold
             raise _bad_request("A request header is malformed.")
         header = (name, value.strip(" \t"))
         headers.append(header)
         if name.lower() in _FRAMING_HEADERS:
             framing.append(header)
+    if not framing:  # the common cases first, as the general rules would answer them
+        keep_alive, body = version == "HTTP/1.1", _NO_BODY
+    elif len(framing) == 1 and framing[0][0].lower() == "content-length" and _plain_length(framing[0][1]):
+        keep_alive, body = version == "HTTP/1.1", BodyFraming(length=int(framing[0][1]))
+    else:
+        keep_alive, body = wants_keep_alive(version, framing), body_framing(version, framing)
     return Request(
         method,
         target,
@@ -171,9 +187,17 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         query,
         version,
         headers,
-        keep_alive=wants_keep_alive(version, framing),
-        body=body_framing(version, framing),
+        keep_alive=keep_alive,
+        body=body,
     )
+
+
+_NO_BODY = BodyFraming()
+
+
+def _plain_length(value: str) -> bool:
+    """A ``Content-Length`` value ``body_framing`` takes as it is: ASCII digits, at most 18."""
+    return value.isdigit() and value.isascii() and len(value) <= 18
 
 
 def _request_line(line: str) -> tuple[str, str, str]:
@@ -225,7 +249,7 @@ def body_framing(version: str, headers: Headers) -> BodyFraming:
     if not lengths:
         return BodyFraming()
     value = lengths.pop() if len(lengths) == 1 else ""
-    if not value.isdigit() or not value.isascii() or len(value) > 18:
+    if not _plain_length(value):
         raise _bad_request("The Content-Length header is invalid.")
     return BodyFraming(length=int(value))
 

@@ -544,3 +544,33 @@ def test_read_available_refuses_a_broken_chunk() -> None:
     decoder.feed(b"3\r\nabcX\r\n")
     with pytest.raises(ProtocolError):
         decoder.read_available()
+
+
+_FRAMING_VALUES = ["300", "0", " 7", "3,3", "3, 4", "-1", "1" * 19, "١٢", "abc", "", "chunked", "close", "keep-alive"]
+
+
+@given(
+    st.sampled_from(["HTTP/1.1", "HTTP/1.0"]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Content-Length", "content-length", "Transfer-Encoding", "Connection", "Host"]),
+            st.sampled_from(_FRAMING_VALUES),
+        ),
+        max_size=3,
+    ),
+)
+def test_the_head_s_framing_is_what_the_general_rules_say(version: str, headers: list[tuple[str, str]]) -> None:
+    """``parse_request_head`` answers the common cases itself: as ``body_framing`` and
+    ``wants_keep_alive`` would, refusals included."""
+    head = (f"POST / {version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n").encode("utf-8")
+    parsed_headers = [(n, v.strip(" \t")) for n, v in headers]
+    try:
+        expected: object = (wants_keep_alive(version, parsed_headers), body_framing(version, parsed_headers))
+    except ProtocolError as err:
+        expected = err.status
+    try:
+        request = parse_request_head(head, 100)
+        got: object = (request.keep_alive, request.body)
+    except ProtocolError as err:
+        got = err.status
+    assert got == expected
