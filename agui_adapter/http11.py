@@ -90,7 +90,13 @@ def take_head(buf: bytes, limit: int, scanned: int = 0) -> tuple[bytes | None, b
     """
     if buf[:1] in (b"\r", b"\n"):
         buf = buf.lstrip(b"\r\n")
-    match = _HEAD_END.search(buf, max(0, scanned - 3))
+    start = max(0, scanned - 3)
+    end = buf.find(b"\r\n\r\n", start)
+    # The usual CRLF head: its blank line is the first end of a head unless a bare LF
+    # came earlier (every other end contains "\n\n" or "\n\r" before this one's).
+    if end >= 0 and buf.find(b"\n\n", start, end + 1) < 0 and buf.find(b"\n\r", start, end + 1) < 0:
+        return buf[: end + 4], buf[end + 4 :]
+    match = _HEAD_END.search(buf, start)
     if match:
         return buf[: match.end()], buf[match.end() :]
     if len(buf) > limit:

@@ -8,6 +8,7 @@ pieces, response heads for each framing, and the server's JSON errors.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given
@@ -574,3 +575,15 @@ def test_the_head_s_framing_is_what_the_general_rules_say(version: str, headers:
     except ProtocolError as err:
         got = err.status
     assert got == expected
+
+
+@given(st.binary(max_size=40).map(lambda b: bytes(b"a:\r\n"[x % 4] for x in b)), st.integers(0, 40))
+def test_take_head_finds_the_first_end_of_a_head(buf: bytes, scanned: int) -> None:
+    """The CRLF shortcut of ``take_head`` ends the head where the general pattern does."""
+    head, rest = take_head(buf, 1 << 20, min(scanned, len(buf)))
+    stripped = buf.lstrip(b"\r\n")
+    match = re.compile(rb"\r?\n\r?\n").search(stripped, max(0, min(scanned, len(buf)) - 3))
+    if match is None:
+        assert head is None and rest == stripped
+    else:
+        assert head == stripped[: match.end()] and rest == stripped[match.end() :]
