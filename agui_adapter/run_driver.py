@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agui_adapter.run")
 
+#: Effects that start a kernel stream on a pump thread: starting that thread hands it the
+#: GIL while it makes the call, so what is decided (RUN_STARTED) is written first.
+_STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
+
 
 class RunDriver:
     """One run's stream; lives on the WSGI worker thread (plus one pump thread)."""
@@ -183,7 +187,7 @@ class RunDriver:
                 if kind is fx.Emit:
                     out.extend(effect.events)  # type: ignore[union-attr]
                     continue
-                if out and (kind is fx.Persist or kind in fx.KERNEL_REQUESTS):
+                if out and (kind is fx.Persist or kind in fx.KERNEL_REQUESTS or kind in _STREAM_OPENERS):
                     yield self._encode(out)  # what is decided goes out before a disk write or a kernel call
                     out.clear()
                 reply = self._perform(effect)
