@@ -44,6 +44,17 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer"))
 _LINE_ENDS = (b"\r\n", b"\n")
+_FRAMING_HEADERS = frozenset(("connection", "transfer-encoding", "content-length"))
+_TOKENS_SEEN: set[str] = set()  # header names already found valid (a few dozen in practice)
+
+
+def _valid_token(name: str) -> bool:
+    if not _TOKEN.fullmatch(name):
+        return False
+    if len(_TOKENS_SEEN) < 256:  # bounded: names are client input
+        _TOKENS_SEEN.add(name)
+    return True
+
 
 Headers = list[tuple[str, str]]
 ResponseFraming = Literal["length", "chunked", "close", "none"]
@@ -79,7 +90,13 @@ def take_head(buf: bytes, limit: int, scanned: int = 0) -> tuple[bytes | None, b
     """
     if buf[:1] in (b"\r", b"\n"):
         buf = buf.lstrip(b"\r\n")
-    match = _HEAD_END.search(buf, max(0, scanned - 3))
+    start = max(0, scanned - 3)
+    end = buf.find(b"\r\n\r\n", start)
+    # The usual CRLF head: its blank line is the first end of a head unless a bare LF
+    # came earlier (every other end contains "\n\n" or "\n\r" before this one's).
+    if end >= 0 and buf.find(b"\n\n", start, end + 1) < 0 and buf.find(b"\n\r", start, end + 1) < 0:
+        return buf[: end + 4], buf[end + 4 :]
+    match = _HEAD_END.search(buf, start)
     if match:
         return buf[: match.end()], buf[match.end() :]
     if len(buf) > limit:
@@ -149,6 +166,7 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
     method, target, version = _request_line(lines[0].rstrip("\r"))
     path, query = _split_target(target)
     headers: Headers = []
+    framing: Headers = []  # the headers that decide keep-alive and the body's framing
     for raw in lines[1:]:
         line = raw.rstrip("\r")
         if not line:
@@ -156,9 +174,18 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         if len(headers) >= max_headers:
             raise ProtocolError(431, "HEADERS_TOO_LARGE", "The request has too many headers.")
         name, sep, value = line.partition(":")
-        if not sep or not _TOKEN.fullmatch(name) or "\x00" in value:  # also refuses obs-fold
+        if not sep or "\x00" in value or (name not in _TOKENS_SEEN and not _valid_token(name)):  # refuses obs-fold
             raise _bad_request("A request header is malformed.")
-        headers.append((name, value.strip(" \t")))
+        header = (name, value.strip(" \t"))
+        headers.append(header)
+        if name.lower() in _FRAMING_HEADERS:
+            framing.append(header)
+    if not framing:  # the common cases first, as the general rules would answer them
+        keep_alive, body = version == "HTTP/1.1", _NO_BODY
+    elif len(framing) == 1 and framing[0][0].lower() == "content-length" and _plain_length(framing[0][1]):
+        keep_alive, body = version == "HTTP/1.1", BodyFraming(length=int(framing[0][1]))
+    else:
+        keep_alive, body = wants_keep_alive(version, framing), body_framing(version, framing)
     return Request(
         method,
         target,
@@ -166,9 +193,17 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         query,
         version,
         headers,
-        keep_alive=wants_keep_alive(version, headers),
-        body=body_framing(version, headers),
+        keep_alive=keep_alive,
+        body=body,
     )
+
+
+_NO_BODY = BodyFraming()
+
+
+def _plain_length(value: str) -> bool:
+    """A ``Content-Length`` value ``body_framing`` takes as it is: ASCII digits, at most 18."""
+    return value.isdigit() and value.isascii() and len(value) <= 18
 
 
 def _request_line(line: str) -> tuple[str, str, str]:
@@ -220,7 +255,7 @@ def body_framing(version: str, headers: Headers) -> BodyFraming:
     if not lengths:
         return BodyFraming()
     value = lengths.pop() if len(lengths) == 1 else ""
-    if not value.isdigit() or not value.isascii() or len(value) > 18:
+    if not _plain_length(value):
         raise _bad_request("The Content-Length header is invalid.")
     return BodyFraming(length=int(value))
 
@@ -257,7 +292,7 @@ class ChunkedDecoder:
     the body (the start of the connection's next request).
     """
 
-    __slots__ = ("_buf", "_state", "_left", "_trailer_bytes")
+    __slots__ = ("_buf", "_pos", "_state", "_left", "_trailer_bytes")
 
     _SIZE, _DATA, _DATA_END, _TRAILERS, _DONE = range(5)
     _LINE_LIMITS = {_SIZE: MAX_CHUNK_LINE, _DATA_END: 3, _TRAILERS: MAX_TRAILERS}
@@ -265,6 +300,7 @@ class ChunkedDecoder:
 
     def __init__(self) -> None:
         self._buf = b""
+        self._pos = 0  # where the unread bytes of ``_buf`` start (no copy per chunk taken)
         self._state = self._SIZE
         self._left = 0
         self._trailer_bytes = 0
@@ -276,10 +312,13 @@ class ChunkedDecoder:
     @property
     def unused(self) -> bytes:
         """The bytes fed past the end of the body (empty until it is over)."""
-        return self._buf if self.done else b""
+        return self._buf[self._pos :] if self.done else b""
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        if self._pos:
+            self._buf, self._pos = self._buf[self._pos :] + data, 0
+        else:
+            self._buf += data
 
     def read(self, size: int = -1) -> bytes | None:
         while True:
@@ -287,11 +326,14 @@ class ChunkedDecoder:
             if state == self._DONE:
                 return b""
             if state == self._DATA:
-                if not self._buf:
+                pos = self._pos
+                available = len(self._buf) - pos
+                if not available:
                     return None
-                take = self._left if size < 0 else min(size, self._left)
-                data, self._buf = self._buf[:take], self._buf[take:]
-                self._left -= len(data)
+                take = min(self._left, available) if size < 0 else min(size, self._left, available)
+                data = self._buf[pos : pos + take]
+                self._pos = pos + take
+                self._left -= take
                 if self._left == 0:
                     self._state = self._DATA_END
                 return data
@@ -312,17 +354,43 @@ class ChunkedDecoder:
                 if line in _LINE_ENDS:
                     self._state = self._DONE
 
+    def read_available(self) -> bytes | None:
+        """All the body data at hand, across chunks (``read`` gives one chunk's at a time):
+        ``b""`` once the body is over, None when more bytes are needed first."""
+        parts: list[bytes] = []
+        buf = self._buf
+        while True:
+            if self._state == self._SIZE:  # the common case, inline: size line, data, CRLF
+                pos = self._pos
+                end = buf.find(b"\n", pos, pos + MAX_CHUNK_LINE)
+                if end >= 0:
+                    size = parse_chunk_size(buf[pos : end + 1])
+                    start = end + 1
+                    stop = start + size
+                    if size and buf[stop : stop + 2] == b"\r\n":
+                        parts.append(buf[start:stop])
+                        self._pos = stop + 2
+                        continue
+            data = self.read(-1)
+            if data:
+                parts.append(data)
+                continue
+            if parts:
+                return b"".join(parts)
+            return data
+
     def _line(self, limit: int) -> bytes | None:
         """Up to and including the next LF, or the first ``limit`` bytes; None until either is here."""
-        end = self._buf.find(b"\n", 0, limit)
+        pos = self._pos
+        end = self._buf.find(b"\n", pos, pos + limit)
         if end >= 0:
             end += 1
-        elif len(self._buf) >= limit:
-            end = limit
+        elif len(self._buf) - pos >= limit:
+            end = pos + limit
         else:
             return None
-        line, self._buf = self._buf[:end], self._buf[end:]
-        return line
+        self._pos = end
+        return self._buf[pos:end]
 
 
 def encode_chunk(data: bytes, head: bytes = b"") -> bytes:

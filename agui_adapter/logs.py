@@ -42,6 +42,21 @@ class RunContext(logging.Filter):
         return True
 
 
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT`` lines; the local time of a second is formatted once, not per record."""
+
+    _second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        cached = self._second  # one tuple, read and replaced whole: safe across threads
+        if cached[0] != second:
+            cached = self._second = (second, time.strftime(self.default_time_format, self.converter(second)))
+        return self.default_msec_format % (cached[1], record.msecs)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 
@@ -85,7 +100,13 @@ def configure(level: str, log_format: str = "text") -> None:
     """Root logging on stderr in the chosen format (a no-op when logging is configured already)."""
     handler = logging.StreamHandler()
     handler.addFilter(RunContext())
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    if handler in logging.getLogger().handlers:  # these lines are the process's logging
+        # Neither format shows where a log call was made, from which thread or process
+        # name: skip finding that out for every record (the logging HOWTO, "Optimization").
+        logging._srcfile = None  # type: ignore[attr-defined]
+        logging.logThreads = False
+        logging.logMultiprocessing = False
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.WARNING)

@@ -63,6 +63,9 @@ log = logging.getLogger("agui_adapter.run")
 ATTACHED_TICK_SECONDS = 0.5
 DETACHED_TICK_SECONDS = 0.25
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
+#: Effects that start a kernel stream on a pump thread: starting that thread hands it the
+#: GIL while it makes the call, so what is decided (RUN_STARTED) is written first.
+_STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
 
 
 class RunDriver:
@@ -237,7 +240,7 @@ class RunDriver:
                 if kind is fx.Emit:
                     out.extend(effect.events)  # type: ignore[union-attr]
                     continue
-                if out and (kind is fx.Persist or kind in fx.KERNEL_REQUESTS):
+                if out and (kind is fx.Persist or kind in fx.KERNEL_REQUESTS or kind in _STREAM_OPENERS):
                     yield self._encode(out)  # what is decided goes out before a disk write or a kernel call
                     out.clear()
                 reply = self._perform(effect)

@@ -46,14 +46,24 @@ def normalize_numbers(value: Any) -> Any:
     return value
 
 
+_STATE_NAMES: dict[str, str] = {}  # the states seen, normalized once (bounded: kernel input)
+
+
 def normalize_state(raw: Any) -> str | None:
     """``TASK_STATE_INPUT_REQUIRED`` -> ``input-required``."""
+    if type(raw) is str:
+        known = _STATE_NAMES.get(raw)
+        if known is not None:
+            return known
     if not isinstance(raw, str) or not raw:
         return None
     state = raw.lower()
     if state.startswith("task_state_"):
         state = state[len("task_state_") :]
-    return state.replace("_", "-")
+    state = state.replace("_", "-")
+    if type(raw) is str and len(_STATE_NAMES) < 64:
+        _STATE_NAMES[raw] = state
+    return state
 
 
 def _str(value: Any) -> str | None:
@@ -116,7 +126,10 @@ def inspect_frame(frame: Any) -> FrameInfo:
 
 
 def _session_id(iac: dict[str, Any]) -> str | None:
-    sid = _str(iac.get("iacCodeSessionId"))
+    sid = iac.get("iacCodeSessionId")
+    if type(sid) is str and sid:
+        return sid
+    sid = _str(sid)
     if sid:
         return sid
     pipeline = iac.get("pipeline")

@@ -28,7 +28,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-from agui_adapter import messages
+from agui_adapter import fastschema, messages
 from agui_adapter.errors import AguiError, Code
 
 __all__ = [
@@ -140,15 +140,53 @@ def _load_schema(name: str) -> dict[str, Any]:
 
 
 @cache
-def _validator() -> Any:
-    """The compiled envelope validator (built once, on first use).
+def envelope_schema() -> dict[str, Any]:
+    """The envelope schema with its references inlined (built once, on first use).
 
     The schema files refer to each other (``$ref``); resolving a reference costs jsonschema
-    a registry lookup on every request, so the references are inlined once here: the same
-    schema, about a third cheaper to check."""
+    a registry lookup on every request, so the references are inlined once here."""
     envelope = _load_schema(_ENVELOPE_SCHEMA)
     iac_code = _load_schema(_IAC_CODE_SCHEMA)
-    return _StrictValidator(inline_references(envelope, {iac_code["$id"]: iac_code}))
+    return inline_references(envelope, {iac_code["$id"]: iac_code})
+
+
+@cache
+def _validator() -> Any:
+    """The compiled jsonschema validator of the whole envelope."""
+    return _StrictValidator(envelope_schema())
+
+
+@cache
+def _fast_check() -> fastschema.Check | None:
+    """The envelope schema compiled by ``fastschema`` (None: not compilable, jsonschema only)."""
+    try:
+        return fastschema.compile_schema(envelope_schema())
+    except fastschema.Unsupported:
+        return None
+
+
+def _not_below(*_args: Any) -> Any:
+    return iter(())
+
+
+#: jsonschema's validator without the keywords that descend into members and items: what
+#: it reports are the errors of a node itself. ``additionalProperties`` still reads the
+#: names of ``properties``, so ``false`` still finds the unknown members.
+_OwnErrorsValidator = validators.extend(_StrictValidator, {"properties": _not_below, "items": _not_below})
+_scoped_validators: dict[int, Any] = {}
+
+
+def _scoped_validator(schema: Any) -> Any:
+    """jsonschema's validator of the errors at a node itself, for one sub-schema of the
+    envelope (cached; sub-schemas live as long as the process). Below the node everything
+    is what the fast path found valid, or sorts after the node's own errors anyway."""
+    validator = _scoped_validators.get(id(schema))
+    if validator is None:
+        shallow = schema
+        if isinstance(schema, dict) and isinstance(schema.get("additionalProperties"), dict):
+            shallow = {**schema, "additionalProperties": True}
+        validator = _scoped_validators[id(schema)] = _OwnErrorsValidator(shallow)
+    return validator
 
 
 def inline_references(schema: dict[str, Any], resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -388,6 +426,59 @@ def _resume(value: Any) -> list[ResumeEntry] | None:
     ]
 
 
+def _first_error(payload: dict[str, Any]) -> ValidationError | None:
+    """jsonschema's first error on the envelope (in ``_sort_key`` order), or None when valid.
+
+    The compiled fast path (``fastschema``) decides whether the envelope is valid and, when
+    not, which node holds the first error; jsonschema then checks that node alone and its
+    first error, placed at the node's path, is the answer. Should jsonschema not find the
+    error there (the two disagree), jsonschema checks the whole envelope and decides.
+    """
+    fast = _fast_check()
+    if fast is not None:
+        failure = fast(payload)
+        if failure is None:
+            return None
+        path, schema = failure
+        node: Any = payload
+        for part in path:
+            node = node[part]
+        errors = sorted(_scoped_validator(schema).iter_errors(node), key=_sort_key)
+        if errors and not errors[0].path:
+            error: ValidationError = errors[0]
+            error.path.extendleft(reversed(path))
+            return error
+    errors = sorted(_validator().iter_errors(payload), key=_sort_key)
+    return errors[0] if errors else None
+
+
+#: The test hook of the fast path (``cross_check``): None in production.
+_cross_check_log: list[str] | None = None
+
+
+def cross_check(log: list[str] | None) -> None:
+    """Test hook: with a list, every envelope ``validate_run_input`` sees is also checked by
+    jsonschema alone, and each one on which the answers differ (valid or not, or the error
+    it reports) is described in ``log``; None turns the double check off."""
+    global _cross_check_log
+    _cross_check_log = log
+
+
+def _verdict(error: ValidationError | None) -> tuple[str, str, dict[str, Any]] | None:
+    if error is None:
+        return None
+    err = _error_for(error)
+    return (err.code, err.message, dict(err.params))
+
+
+def _cross_check(payload: dict[str, Any], error: ValidationError | None) -> None:
+    errors = sorted(_validator().iter_errors(payload), key=_sort_key)
+    expected = _verdict(errors[0] if errors else None)
+    got = _verdict(error)
+    if got != expected and _cross_check_log is not None:
+        _cross_check_log.append(f"{json.dumps(payload, default=repr)[:2000]}: fast {got}, jsonschema {expected}")
+
+
 def validate_run_input(payload: object) -> RunInput:
     """Check a parsed request body against the contract and return its typed view.
 
@@ -397,9 +488,11 @@ def validate_run_input(payload: object) -> RunInput:
     """
     if not isinstance(payload, dict):
         raise AguiError(Code.INVALID_INPUT, messages.NOT_AN_OBJECT)
-    errors = sorted(_validator().iter_errors(payload), key=_sort_key)
-    if errors:
-        raise _error_for(errors[0])
+    error = _first_error(payload)
+    if _cross_check_log is not None:
+        _cross_check(payload, error)
+    if error is not None:
+        raise _error_for(error)
     tools = payload.get("tools", [])
     if tools:
         raise AguiError(Code.INVALID_INPUT, messages.TOOLS_NOT_SUPPORTED)
@@ -454,11 +547,25 @@ def redact_secrets(payload: dict[str, Any]) -> dict[str, Any]:
     Header names of ``llmHeaders`` are kept, their values are not. Works on invalid bodies
     too (for logging): anything not reachable through objects is left alone.
     """
-    redacted = copy.deepcopy(payload)
+    return copy.deepcopy(_redacted_view(payload))
+
+
+def _redacted_view(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with its secret values replaced, for reading only: the objects on the
+    way to a secret are copied, everything else is shared with ``payload``."""
+    redacted = dict(payload)
+    copied = {id(redacted)}
     for path in SECRET_PATHS:
         node: Any = redacted
         for key in path[:-1]:
-            node = node.get(key) if isinstance(node, dict) else None
+            child = node.get(key)
+            if not isinstance(child, dict):
+                node = None
+                break
+            if id(child) not in copied:  # each object on the way is copied once
+                child = node[key] = dict(child)
+                copied.add(id(child))
+            node = child
         if not isinstance(node, dict) or path[-1] not in node:
             continue
         value = node[path[-1]]
@@ -478,5 +585,5 @@ def request_digest(payload: dict[str, Any]) -> str:
     that only refreshes an STS token or API key is the *same* request, and no secret is
     hashed into stored state. Lone surrogates (legal in parsed JSON) are kept as is.
     """
-    canonical = json.dumps(redact_secrets(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(_redacted_view(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()

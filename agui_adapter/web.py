@@ -26,9 +26,9 @@ import contextvars
 import hmac
 import json
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
@@ -77,7 +77,7 @@ def request_id_for(environ: dict[str, Any]) -> str:
     given = environ.get("HTTP_X_REQUEST_ID", "").strip()
     if 0 < len(given) <= MAX_REQUEST_ID and all(" " <= ch <= "~" for ch in given):
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 CORS_ALLOW_HEADERS = (
@@ -197,16 +197,25 @@ URLS = Map(
     ],
     strict_slashes=False,
 )
+#: The fixed routes, looked up without binding ``URLS`` (whose answer they agree with);
+#: any other path or method, and every preflight, goes through the map.
+FIXED_ROUTES = {
+    ("/", "POST"): "run",
+    ("/", "GET"): "console",
+    ("/health", "GET"): "health",
+    ("/ready", "GET"): "ready",
+    ("/metrics", "GET"): "metrics",
+}
+#: ``Accept`` values that obviously take the stream (parsing them would say the same).
+_STREAM_ACCEPTED = frozenset(("text/event-stream", "*/*", "text/event-stream, */*"))
+_PHRASES = {status.value: status.phrase for status in HTTPStatus}
 
 
 def json_response(
     start_response: StartResponse, status: int, body: dict[str, Any], extra: list[tuple[str, str]] | None = None
 ) -> list[bytes]:
     payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
+    phrase = _PHRASES.get(status, "")
     headers = [
         ("Content-Type", "application/json; charset=utf-8"),
         ("Content-Length", str(len(payload))),
@@ -285,8 +294,11 @@ class AguiApp:
     def _dispatch(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), None, self.default_language)
         try:
-            adapter = URLS.bind_to_environ(environ)
-            endpoint, args = adapter.match()
+            endpoint = FIXED_ROUTES.get((environ.get("PATH_INFO"), environ.get("REQUEST_METHOD")))
+            if endpoint is not None:
+                args: dict[str, Any] = {}
+            else:
+                endpoint, args = URLS.bind_to_environ(environ).match()
             environ[ROUTE_KEY] = endpoint
         except NotFound:
             return self._error(start_response, language, AguiError(Code.NOT_FOUND, msg.NOT_FOUND))
@@ -379,7 +391,7 @@ class AguiApp:
     @staticmethod
     def _check_accept(environ: dict[str, Any]) -> None:
         accept = environ.get("HTTP_ACCEPT", "").strip()
-        if not accept:
+        if not accept or accept in _STREAM_ACCEPTED:
             return
         # Werkzeug drops items whose q is not a number in [0, 1] (inf, nan, 2) and lets the
         # most specific range decide: "text/event-stream;q=0, */*" refuses the stream.
@@ -403,7 +415,10 @@ class AguiApp:
                 declared = -1
             if declared > limit:
                 raise AguiError(Code.REQUEST_TOO_LARGE, too_large, {"limit": limit})
-        stream = get_input_stream(environ, safe_fallback=False, max_content_length=None)
+        if environ.get("wsgi.input_terminated"):  # what get_input_stream would answer, cheaper
+            stream = environ["wsgi.input"]
+        else:
+            stream = get_input_stream(environ, safe_fallback=False, max_content_length=None)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -476,9 +491,9 @@ class AguiApp:
         self._check_accept(environ)
         body = self._read_body(environ, MAX_RUN_BODY, msg.BODY_TOO_LARGE)
         payload = self._parse_json(body, msg.INVALID_JSON)
-        language = negotiate_language(
-            environ.get("HTTP_ACCEPT_LANGUAGE"), preferred_language_hint(payload), self.default_language
-        )
+        hint = preferred_language_hint(payload)
+        if hint is not None:  # without one, the language is the one negotiated already
+            language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
         try:
             check_json_text(payload, body)
             run_input = validate_run_input(payload)

@@ -6,7 +6,9 @@ what ``python run.py`` uses) on a free port
 ``python run.py`` as a separate process for restart and kill scenarios. Every SSE
 stream read through ``Client`` is checked against the AG-UI 1.0 models and lifecycle
 rules, and recorded for the official client when ``AGUI_STREAM_DIR`` is set. At the end
-of the session, for every suite, no secret a test sent may be written down.
+of the session, for every suite, no secret a test sent may be written down, and the
+envelope validator's fast path must have agreed with jsonschema on every envelope any test
+sent (``validation.cross_check``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from agui_adapter import validation
 from agui_adapter.config import Settings
 from agui_adapter.kernel import ScriptedKernel
 from agui_adapter.kernels import KernelProcess
@@ -33,6 +36,15 @@ def no_secret_is_ever_written_down() -> Iterator[None]:
     yield
     leaks = leaked_secrets()
     assert not leaks, f"secrets written down: {leaks}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_validation_agrees_with_jsonschema() -> Iterator[None]:
+    disagreements: list[str] = []
+    validation.cross_check(disagreements)
+    yield
+    validation.cross_check(None)
+    assert not disagreements, f"the validation fast path disagrees with jsonschema: {disagreements[:5]}"
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,11 @@ pieces, response heads for each framing, and the server's JSON errors.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agui_adapter.http11 import (
     LAST_CHUNK,
@@ -510,3 +513,77 @@ def test_error_responses_are_json_and_close() -> None:
     assert json.loads(body) == {"error": {"code": "SERVER_BUSY", "message": "retry"}}
     assert body == error_body("SERVER_BUSY", "retry")
     assert split_response(error_response(408, "REQUEST_TIMEOUT", "late", DATE))[0] == "HTTP/1.1 408 Request Timeout"
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=40), max_size=8),
+    st.lists(st.integers(1, 30), min_size=1, max_size=20),
+    st.booleans(),
+)
+def test_read_available_gives_every_chunk_at_hand(pieces: list[bytes], cuts: list[int], lf_only: bool) -> None:
+    """``read_available`` returns what ``read`` would over several calls, however the bytes arrive."""
+    end = b"\n" if lf_only else b"\r\n"
+    wire = b"".join(b"%x%s%s%s" % (len(p), end, p, end) for p in pieces) + b"0" + end + end + b"NEXT"
+    decoder = ChunkedDecoder()
+    got: list[bytes] = []
+    offset = 0
+    for cut in [*cuts, len(wire)]:
+        decoder.feed(wire[offset : offset + cut])
+        offset += cut
+        data = decoder.read_available()
+        if data:
+            got.append(data)
+        if decoder.done or offset >= len(wire):
+            break
+    assert decoder.done and decoder.read_available() == b""
+    assert b"".join(got) == b"".join(pieces)
+    assert decoder.unused == wire[len(wire) - 4 : offset]
+
+
+def test_read_available_refuses_a_broken_chunk() -> None:
+    decoder = ChunkedDecoder()
+    decoder.feed(b"3\r\nabcX\r\n")
+    with pytest.raises(ProtocolError):
+        decoder.read_available()
+
+
+_FRAMING_VALUES = ["300", "0", " 7", "3,3", "3, 4", "-1", "1" * 19, "١٢", "abc", "", "chunked", "close", "keep-alive"]
+
+
+@given(
+    st.sampled_from(["HTTP/1.1", "HTTP/1.0"]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Content-Length", "content-length", "Transfer-Encoding", "Connection", "Host"]),
+            st.sampled_from(_FRAMING_VALUES),
+        ),
+        max_size=3,
+    ),
+)
+def test_the_head_s_framing_is_what_the_general_rules_say(version: str, headers: list[tuple[str, str]]) -> None:
+    """``parse_request_head`` answers the common cases itself: as ``body_framing`` and
+    ``wants_keep_alive`` would, refusals included."""
+    head = (f"POST / {version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n").encode("utf-8")
+    parsed_headers = [(n, v.strip(" \t")) for n, v in headers]
+    try:
+        expected: object = (wants_keep_alive(version, parsed_headers), body_framing(version, parsed_headers))
+    except ProtocolError as err:
+        expected = err.status
+    try:
+        request = parse_request_head(head, 100)
+        got: object = (request.keep_alive, request.body)
+    except ProtocolError as err:
+        got = err.status
+    assert got == expected
+
+
+@given(st.binary(max_size=40).map(lambda b: bytes(b"a:\r\n"[x % 4] for x in b)), st.integers(0, 40))
+def test_take_head_finds_the_first_end_of_a_head(buf: bytes, scanned: int) -> None:
+    """The CRLF shortcut of ``take_head`` ends the head where the general pattern does."""
+    head, rest = take_head(buf, 1 << 20, min(scanned, len(buf)))
+    stripped = buf.lstrip(b"\r\n")
+    match = re.compile(rb"\r?\n\r?\n").search(stripped, max(0, min(scanned, len(buf)) - 3))
+    if match is None:
+        assert head is None and rest == stripped
+    else:
+        assert head == stripped[: match.end()] and rest == stripped[match.end() :]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from importlib import resources
 from typing import Any
@@ -655,3 +656,19 @@ def test_digest_survives_lone_surrogates_and_nan() -> None:
 )
 def test_preferred_language_hint(payload: object, expected: object) -> None:
     assert preferred_language_hint(payload) == expected
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        secret_payload(),
+        {"forwardedProps": {"iacCode": {"llmHeaders": HEADER_SECRET, "llmApiKey": 5, "alibabaCloud": []}}},
+        {"forwardedProps": None, "state": {"forwardedProps": {"iacCode": {"llmApiKey": API_KEY}}}},
+        {"forwardedProps": {"iacCode": {"alibabaCloud": {"securityToken": None, "accessKeySecret": AK_SECRET}}}},
+    ],
+)
+def test_digest_is_that_of_the_redacted_copy_and_leaves_the_body_alone(payload: dict[str, Any]) -> None:
+    original = copy.deepcopy(payload)
+    canonical = json.dumps(redact_secrets(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert request_digest(payload) == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    assert payload == original
