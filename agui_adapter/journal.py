@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -44,7 +45,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .events import HEARTBEAT
+from . import events as ev
+from .events import HEARTBEAT, Event
 from .store import thread_key
 
 log = logging.getLogger("agui_adapter.journal")
@@ -415,6 +417,64 @@ class JournalReader:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+    def closing_events(self, ts: int) -> list[Event]:
+        """The END events of the spans the journal left open (text, tool calls, reasoning,
+        steps), in the order the run's translator closes them: what a run whose process died
+        mid-span needs before its final ``RUN_ERROR`` to stay a valid run. Only the complete
+        frames up to ``last_id`` count (those the reader sent); a span opened in events that
+        fell out of the buffer is not known."""
+        text: dict[str, None] = {}
+        tools: dict[str, None] = {}
+        reasoning: dict[str, None] = {}
+        reasoning_messages: dict[str, None] = {}
+        steps: dict[str, None] = {}
+        opens = {
+            "TEXT_MESSAGE_START": (text, "messageId"),
+            "TOOL_CALL_START": (tools, "toolCallId"),
+            "REASONING_START": (reasoning, "messageId"),
+            "REASONING_MESSAGE_START": (reasoning_messages, "messageId"),
+            "STEP_STARTED": (steps, "stepName"),
+        }
+        closes = {
+            "TEXT_MESSAGE_END": (text, "messageId"),
+            "TOOL_CALL_END": (tools, "toolCallId"),
+            "REASONING_END": (reasoning, "messageId"),
+            "REASONING_MESSAGE_END": (reasoning_messages, "messageId"),
+            "STEP_FINISHED": (steps, "stepName"),
+        }
+        for start in _segments(self.directory):
+            try:
+                data = (self.directory / _segment_name(start)).read_bytes()
+            except FileNotFoundError:
+                continue
+            for frame in data.split(b"\n\n")[:-1]:
+                if not frame.startswith(b"id: "):
+                    continue
+                head, _, body = frame.partition(b"\ndata: ")
+                if int(head[4:]) > self.last_id:
+                    break
+                try:
+                    event = json.loads(body)
+                except ValueError:
+                    continue
+                kind = event.get("type")
+                if kind in opens:
+                    spans, key = opens[kind]
+                    spans[str(event.get(key))] = None
+                elif kind in closes:
+                    spans, key = closes[kind]
+                    spans.pop(str(event.get(key)), None)
+        out: list[Event] = []
+        for rid in sorted(reasoning_messages.keys() | reasoning.keys()):
+            if rid in reasoning_messages:
+                out.append(ev.reasoning_message_end(ts, rid))
+            if rid in reasoning:
+                out.append(ev.reasoning_end(ts, rid))
+        out += [ev.tool_end(ts, tool_id) for tool_id in sorted(tools)]
+        out += [ev.text_end(ts, message_id) for message_id in sorted(text)]
+        out += [ev.step_finished(ts, name) for name in sorted(steps)]
+        return out
 
 
 def follow(
