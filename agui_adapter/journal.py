@@ -252,7 +252,11 @@ class JournalWriter:
     def append(self, chunk: bytes, next_id: int) -> None:
         """Append one chunk of frames; ``next_id`` is the id after the chunk's last event.
         A chunk that would fill the current segment is split at frame boundaries, so that
-        the buffer bound holds per event, however large one wake-up's chunk is."""
+        the buffer bound holds per event, however large one wake-up's chunk is: a segment
+        takes frames while it holds less than its limit (the frame that reaches the limit
+        included), the next frame starts a new segment. The cuts are found with ``find``
+        and the pieces between them written whole (one write per segment, not per frame:
+        a bulk wake-up carries thousands of events)."""
         if self._fd is None or self._ended:
             return
         first_id, size = self._sizes[-1]
@@ -260,17 +264,23 @@ class JournalWriter:
             self._write(chunk)
             self._sizes[-1] = (first_id, size + len(chunk))
             return
-        frames = [frame + b"\n\n" for frame in chunk.split(b"\n\n")[:-1]]
-        frame_id = next_id - len(frames)
-        for frame in frames:
+        view = memoryview(chunk)
+        frame_id = next_id - chunk.count(b"\n\n")  # the id of the chunk's first frame
+        start = 0
+        while start < len(chunk):
             first_id, size = self._sizes[-1]
             if size >= self._segment_limit:
                 self._drop_old()
                 self._open_segment(frame_id)
                 first_id, size = frame_id, 0
-            self._write(frame)
-            self._sizes[-1] = (first_id, size + len(frame))
-            frame_id += 1
+            # the first frame end at least ``room`` bytes on (frames hold no blank line)
+            room = self._segment_limit - size
+            cut = chunk.find(b"\n\n", start + max(0, room - 2))
+            end = len(chunk) if cut < 0 else cut + 2
+            self._write(view[start:end])
+            self._sizes[-1] = (first_id, size + end - start)
+            frame_id += chunk.count(b"\n\n", start, end)
+            start = end
 
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
