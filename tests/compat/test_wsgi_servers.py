@@ -312,7 +312,7 @@ def test_reattach_after_a_disconnect_gets_exactly_the_rest_even_on_another_worke
     writer = _lock_holder(state / "journal" / thread_key(body["threadId"]) / thread_key(body["runId"]))
     first.close()
     workers = set(children(server.proc.pid)) if server.kind == "gunicorn" else {server.proc.pid}
-    assert writer in workers and len(workers) == (4 if server.kind == "gunicorn" else 1)
+    assert writer in workers and len(workers) == (4 if server.kind == "gunicorn" else 1), (writer, workers)
     pieces = [seen]
     for attempt in range(1, 41):
         client = Client(server.url)  # a new connection: any worker may accept it
@@ -323,7 +323,8 @@ def test_reattach_after_a_disconnect_gets_exactly_the_rest_even_on_another_worke
         )
         assert again.status == 200, again.response.text
         reader = _reattach_pids(server, body["runId"])[-1]
-        assert reader in workers and len(_reattach_pids(server, body["runId"])) == attempt
+        logged = _reattach_pids(server, body["runId"])
+        assert reader in workers and len(logged) == attempt, (attempt, logged, workers, server.log())
         if reader != writer or server.kind != "gunicorn":
             break
         pieces.append(again.read_events(0))
@@ -331,8 +332,11 @@ def test_reattach_after_a_disconnect_gets_exactly_the_rest_even_on_another_worke
     else:
         raise AssertionError(f"40 reattaches all reached the run's own worker {writer}")
     rest = again.rest()
-    events = joined(*pieces, rest)
-    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    try:
+        events = joined(*pieces, rest)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nattempts {attempt}, writer {writer}, reader {reader}\n{server.log()}") from None
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, server.log()
     assert [e["type"] for e in events].count("TOOL_CALL_START") == 1
     assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT").endswith(
         "Slowly counting: one, two, three, four, five, six, seven, eight."
