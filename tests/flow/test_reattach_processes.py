@@ -131,6 +131,9 @@ def test_kill_9_of_the_running_process_ends_the_other_process_reader_with_execut
     started = time.monotonic()
     assert [e for _, e in again.rest()][-1]["code"] == "EXECUTION_LOST"
     assert time.monotonic() - started < 5
+    # and the thread is not left busy by the dead process's run
+    nxt = Client(b.url).run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
+    assert nxt.terminal["type"] == "RUN_FINISHED"
 
 
 def test_a_reader_on_another_process_keeps_the_run_alive_and_grace_runs_out_after_it_left(
