@@ -52,7 +52,7 @@ def encode_many(events: list[Event], first_id: int | None = None) -> bytes:
     # "replace": a lone surrogate from the kernel must not break the stream
     if first_id is None:
         return "".join(["data: " + _dumps(e) + "\n\n" for e in events]).encode("utf-8", "replace")
-    return "".join([f"id: {n}\ndata: " + _dumps(e) + "\n\n" for n, e in enumerate(events, first_id)]).encode(
+    return "".join([f"id: {n}\ndata: {_dumps(e)}\n\n" for n, e in enumerate(events, first_id)]).encode(
         "utf-8", "replace"
     )
 

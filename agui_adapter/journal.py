@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -45,7 +46,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .events import HEARTBEAT
+from . import events as ev
+from .events import HEARTBEAT, Event
 from .store import thread_key
 
 log = logging.getLogger("agui_adapter.journal")
@@ -270,7 +272,11 @@ class JournalWriter:
     def append(self, chunk: bytes, next_id: int) -> None:
         """Append one chunk of frames; ``next_id`` is the id after the chunk's last event.
         A chunk that would fill the current segment is split at frame boundaries, so that
-        the buffer bound holds per event, however large one wake-up's chunk is."""
+        the buffer bound holds per event, however large one wake-up's chunk is: a segment
+        takes frames while it holds less than its limit (the frame that reaches the limit
+        included), the next frame starts a new segment. The cuts are found with ``find``
+        and the pieces between them written whole (one write per segment, not per frame:
+        a bulk wake-up carries thousands of events)."""
         if self._fd is None or self._ended:
             return
         first_id, size = self._sizes[-1]
@@ -278,17 +284,23 @@ class JournalWriter:
             self._write(chunk)
             self._sizes[-1] = (first_id, size + len(chunk))
             return
-        frames = [frame + b"\n\n" for frame in chunk.split(b"\n\n")[:-1]]
-        frame_id = next_id - len(frames)
-        for frame in frames:
+        view = memoryview(chunk)
+        frame_id = next_id - chunk.count(b"\n\n")  # the id of the chunk's first frame
+        start = 0
+        while start < len(chunk):
             first_id, size = self._sizes[-1]
             if size >= self._segment_limit:
                 self._drop_old()
                 self._open_segment(frame_id)
                 first_id, size = frame_id, 0
-            self._write(frame)
-            self._sizes[-1] = (first_id, size + len(frame))
-            frame_id += 1
+            # the first frame end at least ``room`` bytes on (frames hold no blank line)
+            room = self._segment_limit - size
+            cut = chunk.find(b"\n\n", start + max(0, room - 2))
+            end = len(chunk) if cut < 0 else cut + 2
+            self._write(view[start:end])
+            self._sizes[-1] = (first_id, size + end - start)
+            frame_id += chunk.count(b"\n\n", start, end)
+            start = end
 
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
@@ -435,6 +447,64 @@ class JournalReader:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+    def closing_events(self, ts: int) -> list[Event]:
+        """The END events of the spans the journal left open (text, tool calls, reasoning,
+        steps), in the order the run's translator closes them: what a run whose process died
+        mid-span needs before its final ``RUN_ERROR`` to stay a valid run. Only the complete
+        frames up to ``last_id`` count (those the reader sent); a span opened in events that
+        fell out of the buffer is not known."""
+        text: dict[str, None] = {}
+        tools: dict[str, None] = {}
+        reasoning: dict[str, None] = {}
+        reasoning_messages: dict[str, None] = {}
+        steps: dict[str, None] = {}
+        opens = {
+            "TEXT_MESSAGE_START": (text, "messageId"),
+            "TOOL_CALL_START": (tools, "toolCallId"),
+            "REASONING_START": (reasoning, "messageId"),
+            "REASONING_MESSAGE_START": (reasoning_messages, "messageId"),
+            "STEP_STARTED": (steps, "stepName"),
+        }
+        closes = {
+            "TEXT_MESSAGE_END": (text, "messageId"),
+            "TOOL_CALL_END": (tools, "toolCallId"),
+            "REASONING_END": (reasoning, "messageId"),
+            "REASONING_MESSAGE_END": (reasoning_messages, "messageId"),
+            "STEP_FINISHED": (steps, "stepName"),
+        }
+        for start in _segments(self.directory):
+            try:
+                data = (self.directory / _segment_name(start)).read_bytes()
+            except FileNotFoundError:
+                continue
+            for frame in data.split(b"\n\n")[:-1]:
+                if not frame.startswith(b"id: "):
+                    continue
+                head, _, body = frame.partition(b"\ndata: ")
+                if int(head[4:]) > self.last_id:
+                    break
+                try:
+                    event = json.loads(body)
+                except ValueError:
+                    continue
+                kind = event.get("type")
+                if kind in opens:
+                    spans, key = opens[kind]
+                    spans[str(event.get(key))] = None
+                elif kind in closes:
+                    spans, key = closes[kind]
+                    spans.pop(str(event.get(key)), None)
+        out: list[Event] = []
+        for rid in sorted(reasoning_messages.keys() | reasoning.keys()):
+            if rid in reasoning_messages:
+                out.append(ev.reasoning_message_end(ts, rid))
+            if rid in reasoning:
+                out.append(ev.reasoning_end(ts, rid))
+        out += [ev.tool_end(ts, tool_id) for tool_id in sorted(tools)]
+        out += [ev.text_end(ts, message_id) for message_id in sorted(text)]
+        out += [ev.step_finished(ts, name) for name in sorted(steps)]
+        return out
 
 
 def follow(

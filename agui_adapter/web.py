@@ -535,7 +535,9 @@ class AguiApp:
         message = translate(language, msg.RUN_PROCESS_GONE)
 
         def lost(next_id: int) -> bytes:
-            return ev.encode_many([ev.run_error(int(time.time() * 1000), Code.EXECUTION_LOST, message)], next_id)
+            ts = int(time.time() * 1000)
+            closing = reader.closing_events(ts)  # the spans the dead process left open
+            return ev.encode_many([*closing, ev.run_error(ts, Code.EXECUTION_LOST, message)], next_id)
 
         chunks = follow(reader, heartbeat_seconds=self.engine.settings.heartbeat_seconds, lost=lost)
         body = Replay(reader, chunks)

@@ -147,7 +147,8 @@ def main() -> int:
             ) as r:
                 for chunk in r.iter_content(None):
                     reads += 1
-                    events += chunk.count(b"\n\ndata: ") + (1 if chunk.startswith(b"data: ") else 0)
+                    # frames are "data: ..." or, numbered (reattach), "id: N\ndata: ..."
+                    events += chunk.count(b"\ndata: ") + (1 if chunk.startswith(b"data: ") else 0)
                     tail = (tail + chunk)[-4096:]
             elapsed = time.perf_counter() - started
             cpu = cpu_seconds(adapter.pid) - cpu_before

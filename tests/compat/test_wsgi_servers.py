@@ -7,6 +7,15 @@ buffered to the end), heartbeats flow while the kernel is silent, and a client t
 drops the socket gets its kernel task cancelled (see the conformance notes on SSE
 under WSGI servers: flushing, and a disconnect is only noticed when a write fails).
 
+Reattach (issue 13) under gunicorn with four worker processes and under waitress: a client
+that dropped a run comes back with ``Last-Event-ID`` (``GET .../events`` or ``POST /``) and
+gets exactly the rest of the run. Under gunicorn the test reattaches, each time on a new
+connection, until one reattach is served by another worker than the one running the run:
+the run's worker is the process holding the lock on the run's journal directory (read from
+``/proc/locks``, the kernel's own record, while the run is live); the reattach's worker is
+the ``pid`` of the JSON log line "run ... reattached after event K", which the serving
+worker writes before its response starts.
+
 Run with ``pytest -m wsgi_servers tests/compat/test_wsgi_servers.py``.
 """
 
@@ -29,11 +38,14 @@ from typing import Any
 import pytest
 import requests
 
-from tests.support.agui_client import run_body
+from agui_adapter.store import thread_key
+from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.flow import KERNEL_TOKEN
 from tests.support.kernel_rpc import rpc
 from tests.support.ports import free_port
+from tests.support.processes import children
+from tests.support.secrets import STATE_DIRS
 from tests.support.servers import ROOT
 
 pytestmark = pytest.mark.wsgi_servers
@@ -43,12 +55,12 @@ APP = "agui_adapter.wsgi:application"
 SERVERS = ("werkzeug", "gunicorn", "waitress")
 
 
-def _command(kind: str, port: int) -> list[str]:
+def _command(kind: str, port: int, workers: int = 1) -> list[str]:
     if kind == "werkzeug":
         return [sys.executable, str(ROOT / "run.py"), "--port", "0"]
     if kind == "gunicorn":
         return [
-            sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "8", "-w", "1",
+            sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "8", "-w", str(workers),
             "--graceful-timeout", "5", "-b", f"127.0.0.1:{port}", APP,
         ]  # fmt: skip
     return [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", "--threads=8", APP]
@@ -100,7 +112,15 @@ class Server:
 
 @pytest.fixture(scope="module", params=SERVERS)
 def server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterator[Server]:
-    kind = request.param
+    srv = _serve(request.param, tmp_path_factory, scripted_kernel)
+    yield srv
+    srv.stop()
+
+
+def _serve(
+    kind: str, tmp_path_factory: Any, scripted_kernel: Any, workers: int = 1, extra_env: dict[str, str] | None = None
+) -> Server:
+    """``kind`` serving the adapter on a fresh state directory, ready (``workers``: gunicorn's ``-w``)."""
     if kind != "werkzeug" and importlib.util.find_spec(kind) is None:
         message = f"{kind} is not installed (pip install -e .[test])"
         if os.environ.get("CI") == "true":
@@ -120,18 +140,21 @@ def server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterato
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.update(extra_env or {})
+    STATE_DIRS.append(base / "state")
     port = free_port()
     log_path = base / "server.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(_command(kind, port), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            _command(kind, port, workers), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
     srv = Server(kind, proc, log_path, base / "ws", "" if kind == "werkzeug" else f"http://127.0.0.1:{port}/")
     try:
         srv.wait_ready()
     except RuntimeError:
         srv.stop()
         raise
-    yield srv
-    srv.stop()
+    return srv
 
 
 def _post(server: Server, body: dict[str, Any]) -> requests.Response:
@@ -231,3 +254,93 @@ def test_disconnect_cancels_the_kernel_task(server: Server, scripted_kernel: Any
     with _post(server, run_body(thread_id=body["threadId"], cwd=str(server.workspace))) as nxt:
         assert nxt.status_code == 200, nxt.text
         check_stream(parse_sse(nxt.content))
+
+
+# ============================================================================ reattach (issue 13)
+REATTACH_SERVERS = {"gunicorn-w4": ("gunicorn", 4), "waitress": ("waitress", 1)}
+
+
+@pytest.fixture(scope="module", params=sorted(REATTACH_SERVERS))
+def reattach_server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterator[Server]:
+    kind, workers = REATTACH_SERVERS[request.param]
+    srv = _serve(
+        kind,
+        tmp_path_factory,
+        scripted_kernel,
+        workers,
+        {"IAC_CODE_AGUI_DISCONNECT_GRACE_SECONDS": "30", "IAC_CODE_AGUI_LOG_FORMAT": "json"},
+    )
+    yield srv
+    srv.stop()
+
+
+def _lock_holder(directory: Path) -> int:
+    """The pid holding the flock on ``directory`` (the run's journal: its writer), per /proc/locks."""
+    stat = os.stat(directory)
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device:
+            return int(fields[4])
+    raise AssertionError(f"nobody holds the lock of {directory}")
+
+
+def _reattach_pids(server: Server, run_id: str) -> list[int]:
+    """The pids that logged a reattach of ``run_id``, oldest first (JSON log lines)."""
+    pids = []
+    for line in server.log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if (
+                record["message"].startswith(f"run {run_id} on thread ")
+                and "reattached after event" in record["message"]
+            ):
+                pids.append(int(record["pid"]))
+    return pids
+
+
+@pytest.mark.parametrize("route", ["get", "post"])
+def test_reattach_after_a_disconnect_gets_exactly_the_rest_even_on_another_worker(
+    reattach_server: Server, scripted_kernel: Any, route: str
+) -> None:
+    server = reattach_server
+    body = run_body("[SILENT 100] [TOOL] [SLOW] go", cwd=str(server.workspace))  # 5 s of silence first
+    first = LiveStream(Client(server.url), body)
+    task_id = first.session()["taskId"]
+    seen = first.read_events(2)
+    state = server.log_path.parent / "state"
+    writer = _lock_holder(state / "journal" / thread_key(body["threadId"]) / thread_key(body["runId"]))
+    first.close()
+    workers = set(children(server.proc.pid)) if server.kind == "gunicorn" else {server.proc.pid}
+    assert writer in workers and len(workers) == (4 if server.kind == "gunicorn" else 1), (writer, workers)
+    pieces = [seen]
+    for attempt in range(1, 41):
+        client = Client(server.url)  # a new connection: any worker may accept it
+        again = (
+            client.reattach(body, seen[-1][0])
+            if route == "post"
+            else client.events(body["threadId"], body["runId"], seen[-1][0])
+        )
+        assert again.status == 200, again.response.text
+        reader = _reattach_pids(server, body["runId"])[-1]
+        logged = _reattach_pids(server, body["runId"])
+        assert reader in workers and len(logged) == attempt, (attempt, logged, workers, server.log())
+        if reader != writer or server.kind != "gunicorn":
+            break
+        pieces.append(again.read_events(0))
+        again.close()
+    else:
+        raise AssertionError(f"40 reattaches all reached the run's own worker {writer}")
+    rest = again.rest()
+    try:
+        events = joined(*pieces, rest)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nattempts {attempt}, writer {writer}, reader {reader}\n{server.log()}") from None
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, server.log()
+    assert [e["type"] for e in events].count("TOOL_CALL_START") == 1
+    assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT").endswith(
+        "Slowly counting: one, two, three, four, five, six, seven, eight."
+    )
+    assert task_id not in {r["params"].get("id") for r in list(scripted_kernel.requests) if r["method"] == "CancelTask"}
+    # after the end, from whichever worker: the whole run from its first event
+    assert [e for _, e in Client(server.url).events(body["threadId"], body["runId"]).rest()] == events
