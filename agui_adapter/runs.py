@@ -222,13 +222,16 @@ class RunEngine:
             raise AguiError(Code.EXECUTION_LOST, msg.EXECUTION_LOST_MISMATCH)
 
     # ================================================================== reattach
-    def reattach(self, thread_id: str, run_id: str, after: int, digest: str | None = None) -> JournalReader | None:
+    def reattach(
+        self, thread_id: str, run_id: str, after: int, digest: str | None = None, *, take_over: bool = True
+    ) -> JournalReader | None:
         """A reader of the run's events after id ``after``, attached (an older reader ends).
 
         With ``digest`` (``POST /`` with ``Last-Event-ID``): None when the thread never saw
         that run id (the request is then a new run, the header ignored), RUN_ID_CONFLICT
         when the run had another body. RUN_NOT_FOUND for a run whose journal is gone or
         never was; REPLAY_UNAVAILABLE when the events after ``after`` fell out of it.
+        Without ``take_over`` (a HEAD) the reader is not attached.
         """
         if digest is not None:
             try:
@@ -250,6 +253,8 @@ class RunEngine:
         except OSError as exc:
             log.error("run %s: journal unreadable: %s", run_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        if not take_over:  # only a look (HEAD): the attached reader keeps the run
+            return reader
         try:
             reader.attach()
         except OSError as exc:

@@ -528,6 +528,12 @@ class AguiApp:
         self._check_auth(environ)
         self._check_accept(environ)
         after = last_event_id(environ) or 0
+        if environ.get("REQUEST_METHOD") == "HEAD":  # the same answer, without taking the run over
+            reader = self.engine.reattach(thread_id, run_id, after, take_over=False)
+            assert reader is not None
+            reader.close()
+            start_response("200 OK", list(SSE_HEADERS))
+            return []
         return self._replay(start_response, self.engine.reattach(thread_id, run_id, after), language)
 
     def _replay(self, start_response: StartResponse, reader: JournalReader | None, language: str) -> Iterable[bytes]:

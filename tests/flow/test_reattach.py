@@ -206,6 +206,20 @@ def test_with_no_grace_period_a_disconnect_cancels_at_once_and_the_journal_says_
     assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"
 
 
+def test_a_head_of_the_events_route_answers_without_taking_the_run_over(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter(disconnect_grace_seconds=5, heartbeat_seconds=0.3)
+    client = adapter.client()
+    body = run_body("[SILENT 20] [SLOW] go", cwd=str(workspace))
+    original = LiveStream(client, body)
+    seen = original.read_events(2)
+    url = f"{adapter.url}threads/{body['threadId']}/runs/{body['runId']}/events"
+    head = requests.head(url, timeout=5)
+    assert head.status_code == 200 and head.headers["Content-Type"].startswith("text/event-stream")
+    assert requests.head(url.replace(body["runId"], "run-never"), timeout=5).status_code == 404
+    events = joined(seen, original.rest())  # the original client still has the run, to its end
+    assert events[-1]["type"] == "RUN_FINISHED"
+
+
 def test_a_new_attach_takes_over_and_the_older_response_ends(make_adapter: Any, workspace: Path) -> None:
     adapter = make_adapter(disconnect_grace_seconds=5, heartbeat_seconds=0.3)
     client = adapter.client()
