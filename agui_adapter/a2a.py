@@ -128,6 +128,9 @@ class KernelStream:
                 except OSError:
                     pass
             self._done = True
+        self._close_response()
+
+    def _close_response(self) -> None:
         try:
             self._response.close()
         except Exception:  # noqa: BLE001 - closing must never raise
@@ -204,14 +207,7 @@ class ConnectionStream(KernelStream):
             if available:
                 yield available
 
-    def close(self) -> None:
-        with self._lock:
-            if not self._done:
-                try:
-                    self._sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            self._done = True
+    def _close_response(self) -> None:  # ``close`` (inherited) aborts; the connection is not reused
         try:
             self._http.close()
         except Exception:  # noqa: BLE001 - closing must never raise

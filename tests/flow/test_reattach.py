@@ -16,21 +16,11 @@ import pytest
 import requests
 
 from tests.support.agui_client import Client, LiveStream, joined, resume, run_body
-from tests.support.flow import kernel_calls
+from tests.support.flow import cancelled_tasks, wait_for
 
 
 def ids_of(kind: str, pairs: list[tuple[int, dict[str, Any]]]) -> list[int]:
     return [i for i, e in pairs if e["type"] == kind]
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_every_event_has_an_increasing_id_and_heartbeats_none(make_adapter: Any, workspace: Path) -> None:
@@ -148,7 +138,7 @@ def test_a_detached_run_goes_on_holds_its_thread_and_ends_as_if_watched(
     events = joined(seen, rest)
     assert events[-1]["type"] == "RUN_FINISHED" and len(events) > len(seen)
     if task_id:
-        assert task_id not in {c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")}
+        assert task_id not in cancelled_tasks(scripted_kernel)
     assert client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace))).terminal["type"] == (
         "RUN_FINISHED"
     )
@@ -165,7 +155,7 @@ def test_nobody_reattaching_within_the_grace_period_cancels_the_kernel_task(
     seen = first.read_events(1)
     started = time.monotonic()
     first.close()
-    wait_for(lambda: task_id in {c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")})
+    wait_for(lambda: task_id in cancelled_tasks(scripted_kernel))
     assert time.monotonic() - started >= 0.9
     rest = client.events(body["threadId"], body["runId"], seen[-1][0]).rest()
     events = joined(seen, rest)
@@ -187,7 +177,7 @@ def test_a_reattach_within_the_grace_period_keeps_the_run_alive(
     again = client.events(body["threadId"], body["runId"], seen[-1][0])
     events = joined(seen, again.rest())  # 2.5 s more than the grace period, still watched
     assert events[-1]["type"] == "RUN_FINISHED"
-    assert task_id not in {c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")}
+    assert task_id not in cancelled_tasks(scripted_kernel)
 
 
 def test_with_no_grace_period_a_disconnect_cancels_at_once_and_the_journal_says_so(
@@ -200,7 +190,7 @@ def test_with_no_grace_period_a_disconnect_cancels_at_once_and_the_journal_says_
     task_id = first.session()["taskId"]
     seen = first.read_events(1)
     first.close()
-    wait_for(lambda: task_id in {c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")}, 5)
+    wait_for(lambda: task_id in cancelled_tasks(scripted_kernel), 5)
     rest = wait_for(lambda: client.events(body["threadId"], body["runId"], seen[-1][0]).rest())
     events = joined(seen, rest)
     assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"

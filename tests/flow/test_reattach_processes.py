@@ -25,21 +25,7 @@ import pytest
 
 from agui_adapter.kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, joined, run_body
-from tests.support.flow import KERNEL_TOKEN, kernel_calls
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
-def cancelled_tasks(kernel: Any) -> set[str]:
-    return {c["params"]["id"] for c in kernel_calls(kernel, "CancelTask")}
+from tests.support.flow import KERNEL_TOKEN, cancelled_tasks, wait_for
 
 
 def pair(adapter_process: Any, *extra: str, kernel_url: str | None = None) -> tuple[Any, Any]:

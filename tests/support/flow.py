@@ -1,12 +1,15 @@
 """What the flow tests against the scripted kernel share.
 
 ``KERNEL_TOKEN`` is the bearer token of the session's scripted kernel (the ``scripted_kernel``
-fixture); ``kernel_calls`` reads that kernel's request log; ``interrupted`` runs a turn that
-the scripted kernel ends with a permission interrupt (its ``[WRITE]`` script).
+fixture); ``kernel_calls`` reads that kernel's request log (``cancelled_tasks``: the tasks it
+was asked to cancel); ``interrupted`` runs a turn that the scripted kernel ends with a
+permission interrupt (its ``[WRITE]`` script); ``wait_for`` polls a condition.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +31,19 @@ def interrupted(client: Client, workspace: Path, text: str = "[WRITE] make a fil
     assert result.terminal["type"] == "RUN_FINISHED", result.terminal
     assert result.terminal["outcome"]["type"] == "interrupt"
     return body, result
+
+
+def cancelled_tasks(kernel: Any) -> set[str]:
+    """The task ids the adapter asked the kernel to cancel."""
+    return {c["params"]["id"] for c in kernel_calls(kernel, "CancelTask")}
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll ``predicate`` until it gives something true (returned), or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
