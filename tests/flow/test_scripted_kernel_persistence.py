@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import requests
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "persistence-test-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "A2A-Version": "1.0"}
 SECRETS = {
