@@ -15,6 +15,8 @@ is the other way: ``start_response`` and every chunk written at once, framed as
 from __future__ import annotations
 
 import logging
+import math
+import select
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -78,9 +80,10 @@ class ConnectionInfo:
 class Connection:
     """One accepted socket, owned by one thread (others may only ``abort`` it)."""
 
-    __slots__ = ("sock", "peer", "reserve", "state", "opened", "requests", "path", "linger", "aborted", "_timeout")
+    __slots__ = ("sock", "peer", "reserve", "state", "opened", "requests", "path", "linger", "aborted", "_polls")
 
     def __init__(self, sock: socket.socket, peer: Any, reserve: bool) -> None:
+        sock.setblocking(False)
         self.sock = sock
         self.peer = peer
         self.reserve = reserve
@@ -90,20 +93,28 @@ class Connection:
         self.path = ""
         self.linger = False
         self.aborted = False
-        self._timeout: float | None = -1.0
+        self._polls: dict[int, select.poll] = {}
 
-    def settimeout(self, timeout: float) -> None:
-        if timeout != self._timeout:
-            self.sock.settimeout(timeout)
-            self._timeout = timeout
+    def ready(self, events: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the socket to be readable (``POLLIN``) or
+        writable (``POLLOUT``); a closed or aborted socket counts as ready (its next call fails)."""
+        poller = self._polls.get(events)
+        if poller is None:
+            poller = self._polls[events] = select.poll()
+            poller.register(self.sock, events)
+        return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
 
     def send(self, data: bytes, timeout: float) -> None:
         """Write everything; a write that makes no progress for ``timeout`` seconds fails."""
-        self.settimeout(timeout)
         view = memoryview(data)
         try:
             while view:
-                sent = self.sock.send(view)
+                try:
+                    sent = self.sock.send(view)
+                except BlockingIOError:
+                    if not self.ready(select.POLLOUT, timeout):
+                        raise TimeoutError("timed out") from None
+                    continue
                 view = view[sent:]
         except OSError as exc:  # timeout, reset, broken pipe, or aborted by the server
             raise PeerGone(str(exc) or type(exc).__name__) from None
@@ -128,10 +139,12 @@ class Connection:
                 left = linger_bytes
                 while left > 0:
                     remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    if remaining <= 0 or not self.ready(select.POLLIN, remaining):
                         break
-                    self.settimeout(remaining)
-                    data = sock.recv(RECV)
+                    try:
+                        data = sock.recv(RECV)
+                    except BlockingIOError:
+                        continue
                     if not data:
                         break
                     left -= len(data)
@@ -155,26 +168,33 @@ class Reader:
         self.buf = b""
 
     def _recv(self, deadline: float) -> bytes:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise Deadline
-        self.conn.settimeout(remaining)
-        try:
-            data = self.conn.sock.recv(RECV)
-        except TimeoutError:
-            raise Deadline from None
-        except OSError as exc:
-            raise PeerGone(str(exc)) from None
-        if not data:
-            raise PeerGone("closed by the client")
-        return data
+        conn = self.conn
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Deadline
+            try:
+                data = conn.sock.recv(RECV)
+            except BlockingIOError:
+                if not conn.ready(select.POLLIN, remaining):
+                    raise Deadline from None
+                continue
+            except OSError as exc:
+                raise PeerGone(str(exc)) from None
+            if not data:
+                raise PeerGone("closed by the client")
+            return data
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for bytes; False when none came or the client closed."""
         if self.buf:
             return True
+        deadline = time.monotonic() + timeout
         try:
-            self.buf = self._recv(time.monotonic() + timeout)
+            # idle between requests: nothing to read yet, so wait first and read once
+            if not self.conn.ready(select.POLLIN, timeout):
+                return False
+            self.buf = self._recv(deadline)
         except (Deadline, PeerGone):
             return False
         return True
