@@ -27,6 +27,7 @@ import hmac
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -70,6 +71,9 @@ MAX_REQUEST_ID = 128
 REQUEST_ID_HEADER = "X-Request-ID"
 #: The id of the request being handled on this thread (None outside a request).
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("agui_request_id", default=None)
+_REQUEST_IDS = random.Random(os.urandom(32))
+# forked workers (gunicorn --preload) must not all make the same ids
+os.register_at_fork(after_in_child=lambda: _REQUEST_IDS.seed(os.urandom(32)))
 
 
 def request_id_for(environ: dict[str, Any]) -> str:
@@ -77,7 +81,8 @@ def request_id_for(environ: dict[str, Any]) -> str:
     given = environ.get("HTTP_X_REQUEST_ID", "").strip()
     if 0 < len(given) <= MAX_REQUEST_ID and all(" " <= ch <= "~" for ch in given):
         return given
-    return os.urandom(16).hex()
+    # A correlation id, not a secret: a seeded generator, no system call per request.
+    return f"{_REQUEST_IDS.getrandbits(128):032x}"
 
 
 CORS_ALLOW_HEADERS = (
