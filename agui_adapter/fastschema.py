@@ -9,13 +9,14 @@ first violation is, with jsonschema's semantics (strict integers, ``bool`` never
 number, ``pattern`` as ``re.search``, lengths in code points).
 
 "First" is jsonschema's order as ``validation`` sorts errors: by instance path, a node's own
-errors (``type``, ``required``, ``additionalProperties: false``, ``propertyNames``, ``const``,
-``enum``, lengths, bounds, ``not``) before any error below it, object members by key, array
-items by index. ``validation`` asks jsonschema itself for the error message, on the failing
-node only; an accepted envelope never reaches jsonschema. A schema that uses a keyword this
-module does not know is not compiled at all (``Unsupported``): jsonschema then checks every
-envelope, as before. A test proves the two agree on every envelope of the suite and on
-generated ones (``tests/unit/test_fastschema.py``).
+errors before any error below it, object members by key, array items by index; among a
+node's own errors, by keyword in ``KEYWORD_ORDER``, then the others by name (``not``,
+``pattern``, ``propertyNames``). So the answer names the failing node *and* the keyword of
+jsonschema's first error there, which is all ``validation`` needs to word the refusal;
+neither an accepted nor a refused envelope reaches jsonschema. A schema that uses a keyword
+this module does not know is not compiled at all (``Unsupported``): jsonschema then checks
+every envelope, as before. A test proves the two agree, verdict and wording, on every
+envelope of the suite and on generated ones (``tests/unit/test_fastschema.py``).
 
 Sans-I/O: pure functions over parsed JSON.
 """
@@ -26,11 +27,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Failure", "Unsupported", "compile_schema"]
+__all__ = ["KEYWORD_ORDER", "Failure", "Unsupported", "compile_schema"]
 
-#: Where the first violation is: the instance path (relative to the checked node) and the
-#: schema that applies to the node there.
-Failure = tuple[tuple[str | int, ...], Any]
+#: Where the first violation is: the instance path (relative to the checked node), the
+#: schema that applies to the node there, and the keyword of its first error.
+Failure = tuple[tuple[str | int, ...], Any, str]
 #: A compiled schema: ``None`` when the instance is valid, else where it first fails.
 Check = Callable[[Any], "Failure | None"]
 
@@ -55,6 +56,21 @@ _KNOWN = frozenset(
     )
 )
 _SCALARS = (str, int, float, bool, type(None))
+
+#: How jsonschema's errors on one node are ordered, most fundamental first; keywords not
+#: listed come after these, by name.
+KEYWORD_ORDER = (
+    "type",
+    "required",
+    "additionalProperties",
+    "const",
+    "enum",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+)
+_RANK = {keyword: rank for rank, keyword in enumerate(KEYWORD_ORDER)}
 
 
 class Unsupported(ValueError):
@@ -101,52 +117,57 @@ def _type_test(spec: Any) -> Callable[[Any], bool]:
     return lambda v: any(test(v) for test in tests)
 
 
-def _own_tests(schema: dict[str, Any]) -> list[Callable[[Any], bool]]:
-    """The tests of the keywords that report at the node itself (each True when satisfied)."""
-    tests: list[Callable[[Any], bool]] = []
+def _own_tests(schema: dict[str, Any]) -> list[tuple[str, Callable[[Any], bool]]]:
+    """The keywords that report at the node itself, each with its test (True when
+    satisfied), in the order jsonschema's errors are sorted (``KEYWORD_ORDER``, then by name).
+
+    A ``propertyNames`` error is reported under the keyword of the key's own failure, but
+    it only occurs on objects, whose other own keywords (``type``, ``required``,
+    ``additionalProperties``) all sort before any keyword a key can fail."""
+    tests: list[tuple[str, Callable[[Any], bool]]] = []
     if "type" in schema:
-        tests.append(_type_test(schema["type"]))
+        tests.append(("type", _type_test(schema["type"])))
     if "const" in schema:
-        tests.append(_equal_to(schema["const"]))
+        tests.append(("const", _equal_to(schema["const"])))
     if "enum" in schema:
         values = schema["enum"]
         if not isinstance(values, list):
             raise Unsupported("enum")
         matchers = tuple(_equal_to(v) for v in values)
-        tests.append(lambda v: any(match(v) for match in matchers))
+        tests.append(("enum", lambda v: any(match(v) for match in matchers)))
     if "minLength" in schema:
         low = _limit(schema["minLength"])
-        tests.append(lambda v: not isinstance(v, str) or len(v) >= low)
+        tests.append(("minLength", lambda v: not isinstance(v, str) or len(v) >= low))
     if "maxLength" in schema:
         high = _limit(schema["maxLength"])
-        tests.append(lambda v: not isinstance(v, str) or len(v) <= high)
+        tests.append(("maxLength", lambda v: not isinstance(v, str) or len(v) <= high))
     if "minimum" in schema:
-        bound = _bound(schema["minimum"])
-        tests.append(lambda v: not _is_number(v) or not v < bound)
+        low_bound = _bound(schema["minimum"])
+        tests.append(("minimum", lambda v: not _is_number(v) or not v < low_bound))
     if "maximum" in schema:
-        bound = _bound(schema["maximum"])
-        tests.append(lambda v: not _is_number(v) or not v > bound)
+        high_bound = _bound(schema["maximum"])
+        tests.append(("maximum", lambda v: not _is_number(v) or not v > high_bound))
     if "pattern" in schema:
         if not isinstance(schema["pattern"], str):
             raise Unsupported("pattern")
         search = re.compile(schema["pattern"]).search
-        tests.append(lambda v: not isinstance(v, str) or search(v) is not None)
+        tests.append(("pattern", lambda v: not isinstance(v, str) or search(v) is not None))
     if "not" in schema:
         inner = _compile(schema["not"])
-        tests.append(lambda v: inner(v) is not None)
+        tests.append(("not", lambda v: inner(v) is not None))
     if "required" in schema:
         names = schema["required"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise Unsupported("required")
         wanted = tuple(names)
-        tests.append(lambda v: not isinstance(v, dict) or all(n in v for n in wanted))
+        tests.append(("required", lambda v: not isinstance(v, dict) or all(n in v for n in wanted)))
     if "propertyNames" in schema:
         name_check = _compile(schema["propertyNames"])
-        tests.append(lambda v: not isinstance(v, dict) or all(name_check(k) is None for k in v))
+        tests.append(("propertyNames", lambda v: not isinstance(v, dict) or all(name_check(k) is None for k in v)))
     if schema.get("additionalProperties") is False:
         known = frozenset(schema.get("properties", {}))
-        tests.append(lambda v: not isinstance(v, dict) or all(k in known for k in v))
-    return tests
+        tests.append(("additionalProperties", lambda v: not isinstance(v, dict) or all(k in known for k in v)))
+    return sorted(tests, key=lambda item: (_RANK.get(item[0], len(_RANK)), item[0]))
 
 
 def _limit(value: Any) -> int:
@@ -165,14 +186,14 @@ def _compile(schema: Any) -> Check:
     if schema is True:
         return lambda _v: None
     if schema is False:
-        return lambda _v: ((), False)
+        return lambda _v: ((), False, "false")
     if not isinstance(schema, dict):
         raise Unsupported(f"schema {schema!r}")
     unknown = set(schema) - _KNOWN - _ANNOTATIONS
     if unknown:
         raise Unsupported(f"keywords {sorted(unknown)}")
     own = tuple(_own_tests(schema))
-    here: Failure = ((), schema)
+    fails_here = {keyword: ((), schema, keyword) for keyword, _test in own}
 
     properties = schema.get("properties", {})
     if not isinstance(properties, dict):
@@ -198,23 +219,23 @@ def _compile(schema: Any) -> Check:
                 first = (key, failure)
         if first is None:
             return None
-        key, (path, failing) = first
-        return ((key, *path), failing)
+        key, (path, failing, keyword) = first
+        return ((key, *path), failing, keyword)
 
     def check_items(value: list[Any]) -> Failure | None:
         assert items is not None
         for index, item in enumerate(value):
             failure = items(item)
             if failure is not None:
-                return ((index, *failure[0]), failure[1])
+                return ((index, *failure[0]), failure[1], failure[2])
         return None
 
     descend_members = bool(members) or extra is not None
 
     def check(value: Any) -> Failure | None:
-        for test in own:
+        for keyword, test in own:
             if not test(value):
-                return here
+                return fails_here[keyword]
         if descend_members and isinstance(value, dict):
             return check_members(value)
         if items is not None and isinstance(value, list):

@@ -165,30 +165,6 @@ def _fast_check() -> fastschema.Check | None:
         return None
 
 
-def _not_below(*_args: Any) -> Any:
-    return iter(())
-
-
-#: jsonschema's validator without the keywords that descend into members and items: what
-#: it reports are the errors of a node itself. ``additionalProperties`` still reads the
-#: names of ``properties``, so ``false`` still finds the unknown members.
-_OwnErrorsValidator = validators.extend(_StrictValidator, {"properties": _not_below, "items": _not_below})
-_scoped_validators: dict[int, Any] = {}
-
-
-def _scoped_validator(schema: Any) -> Any:
-    """jsonschema's validator of the errors at a node itself, for one sub-schema of the
-    envelope (cached; sub-schemas live as long as the process). Below the node everything
-    is what the fast path found valid, or sorts after the node's own errors anyway."""
-    validator = _scoped_validators.get(id(schema))
-    if validator is None:
-        shallow = schema
-        if isinstance(schema, dict) and isinstance(schema.get("additionalProperties"), dict):
-            shallow = {**schema, "additionalProperties": True}
-        validator = _scoped_validators[id(schema)] = _OwnErrorsValidator(shallow)
-    return validator
-
-
 def inline_references(schema: dict[str, Any], resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``schema`` with every ``{"$ref": ...}`` replaced by what it names: one of its own
     ``$defs`` (``#/$defs/name``) or a whole resource by its ``$id`` (no cycles allowed)."""
@@ -217,22 +193,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*")
 _MAX_KEY_SHOWN = 64
 
 # Among errors on the same instance, the most fundamental one wins.
-_VALIDATOR_RANK = {
-    name: rank
-    for rank, name in enumerate(
-        (
-            "type",
-            "required",
-            "additionalProperties",
-            "const",
-            "enum",
-            "minLength",
-            "maxLength",
-            "minimum",
-            "maximum",
-        )
-    )
-}
+_VALIDATOR_RANK = {name: rank for rank, name in enumerate(fastschema.KEYWORD_ORDER)}
 
 _TYPE_MESSAGES = {
     "string": messages.FIELD_STRING,
@@ -280,21 +241,33 @@ def _allowed(values: list[Any]) -> str:
 
 def _error_for(error: ValidationError) -> AguiError:
     """Translate one jsonschema error into a field-naming ``INVALID_INPUT``."""
-    path = list(error.absolute_path)
-    validator = str(error.validator)
-    schema = error.schema if isinstance(error.schema, dict) else {}
-    instance = error.instance
+    return _refusal(
+        list(error.absolute_path),
+        str(error.validator),
+        error.schema if isinstance(error.schema, dict) else {},
+        error.instance,
+        error.validator_value,
+        names_a_key="propertyNames" in error.schema_path,
+    )
+
+
+def _refusal(
+    path: list[str | int], keyword: str, schema: dict[str, Any], instance: Any, value: Any, *, names_a_key: bool
+) -> AguiError:
+    """The ``INVALID_INPUT`` for the first error of a node: at ``path``, ``keyword`` of the
+    node's ``schema`` (whose value is ``value``) failed on ``instance``; ``names_a_key``
+    when it was a key that failed (``propertyNames``)."""
 
     def fail(template: str, **params: Any) -> AguiError:
         return AguiError(Code.INVALID_INPUT, template, {"field": format_field(path), **params})
 
-    if "propertyNames" in error.schema_path:  # a bad key (e.g. an llmHeaders name)
+    if names_a_key:  # a bad key (e.g. an llmHeaders name)
         return fail(messages.FIELD_INVALID)
-    if validator == "required" and isinstance(instance, dict):
-        missing = [name for name in error.validator_value if name not in instance]
+    if keyword == "required" and isinstance(instance, dict):
+        missing = [name for name in value if name not in instance]
         path.append(missing[0] if missing else "")
         return fail(messages.FIELD_REQUIRED)
-    if validator == "additionalProperties" and isinstance(instance, dict):
+    if keyword == "additionalProperties" and isinstance(instance, dict):
         known = schema.get("properties", {})
         unknown = sorted(str(k) for k in instance if k not in known)
         path.append(unknown[0] if unknown else "")
@@ -304,22 +277,22 @@ def _error_for(error: ValidationError) -> AguiError:
         return fail(messages.FIELD_CONST, value=json.dumps(schema["const"]))
     if "enum" in schema:
         return fail(messages.FIELD_ENUM, allowed=_allowed(schema["enum"]))
-    if validator == "type":
-        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    if keyword == "type":
+        types = value if isinstance(value, list) else [value]
         for name in types:
             if name in _TYPE_MESSAGES:
                 return fail(_TYPE_MESSAGES[name])
         return fail(messages.FIELD_INVALID)
-    if validator == "minLength":
-        if error.validator_value == 1:
+    if keyword == "minLength":
+        if value == 1:
             return fail(messages.FIELD_NOT_EMPTY)
         return fail(messages.FIELD_INVALID)
-    if validator == "maxLength":
-        return fail(messages.FIELD_TOO_LONG, limit=error.validator_value)
-    if validator == "minimum":
-        return fail(messages.FIELD_MINIMUM, limit=error.validator_value)
-    if validator == "maximum":
-        return fail(messages.FIELD_MAXIMUM, limit=error.validator_value)
+    if keyword == "maxLength":
+        return fail(messages.FIELD_TOO_LONG, limit=value)
+    if keyword == "minimum":
+        return fail(messages.FIELD_MINIMUM, limit=value)
+    if keyword == "maximum":
+        return fail(messages.FIELD_MAXIMUM, limit=value)
     return fail(messages.FIELD_INVALID)
 
 
@@ -426,30 +399,33 @@ def _resume(value: Any) -> list[ResumeEntry] | None:
     ]
 
 
-def _first_error(payload: dict[str, Any]) -> ValidationError | None:
-    """jsonschema's first error on the envelope (in ``_sort_key`` order), or None when valid.
+def _first_refusal(payload: dict[str, Any]) -> AguiError | None:
+    """The refusal for jsonschema's first error on the envelope (in ``_sort_key`` order), or
+    None when it is valid.
 
     The compiled fast path (``fastschema``) decides whether the envelope is valid and, when
-    not, which node holds the first error; jsonschema then checks that node alone and its
-    first error, placed at the node's path, is the answer. Should jsonschema not find the
-    error there (the two disagree), jsonschema checks the whole envelope and decides.
+    not, which node and keyword hold the first error: the refusal is worded from those,
+    as ``_error_for`` words jsonschema's. jsonschema itself decides when the schema could
+    not be compiled, or for a ``false`` schema.
     """
     fast = _fast_check()
     if fast is not None:
         failure = fast(payload)
         if failure is None:
             return None
-        path, schema = failure
-        node: Any = payload
-        for part in path:
-            node = node[part]
-        errors = sorted(_scoped_validator(schema).iter_errors(node), key=_sort_key)
-        if errors and not errors[0].path:
-            error: ValidationError = errors[0]
-            error.path.extendleft(reversed(path))
-            return error
+        path, schema, keyword = failure
+        if keyword != "false":
+            node: Any = payload
+            for part in path:
+                node = node[part]
+            names_a_key = keyword == "propertyNames"
+            return _refusal(list(path), keyword, schema, node, schema.get(keyword), names_a_key=names_a_key)
+    return _jsonschema_refusal(payload)
+
+
+def _jsonschema_refusal(payload: dict[str, Any]) -> AguiError | None:
     errors = sorted(_validator().iter_errors(payload), key=_sort_key)
-    return errors[0] if errors else None
+    return _error_for(errors[0]) if errors else None
 
 
 #: The test hook of the fast path (``cross_check``): None in production.
@@ -464,17 +440,13 @@ def cross_check(log: list[str] | None) -> None:
     _cross_check_log = log
 
 
-def _verdict(error: ValidationError | None) -> tuple[str, str, dict[str, Any]] | None:
-    if error is None:
-        return None
-    err = _error_for(error)
-    return (err.code, err.message, dict(err.params))
+def _verdict(refusal: AguiError | None) -> tuple[str, str, dict[str, Any]] | None:
+    return None if refusal is None else (refusal.code, refusal.message, dict(refusal.params))
 
 
-def _cross_check(payload: dict[str, Any], error: ValidationError | None) -> None:
-    errors = sorted(_validator().iter_errors(payload), key=_sort_key)
-    expected = _verdict(errors[0] if errors else None)
-    got = _verdict(error)
+def _cross_check(payload: dict[str, Any], refusal: AguiError | None) -> None:
+    expected = _verdict(_jsonschema_refusal(payload))
+    got = _verdict(refusal)
     if got != expected and _cross_check_log is not None:
         _cross_check_log.append(f"{json.dumps(payload, default=repr)[:2000]}: fast {got}, jsonschema {expected}")
 
@@ -488,11 +460,11 @@ def validate_run_input(payload: object) -> RunInput:
     """
     if not isinstance(payload, dict):
         raise AguiError(Code.INVALID_INPUT, messages.NOT_AN_OBJECT)
-    error = _first_error(payload)
+    refusal = _first_refusal(payload)
     if _cross_check_log is not None:
-        _cross_check(payload, error)
-    if error is not None:
-        raise _error_for(error)
+        _cross_check(payload, refusal)
+    if refusal is not None:
+        raise refusal
     tools = payload.get("tools", [])
     if tools:
         raise AguiError(Code.INVALID_INPUT, messages.TOOLS_NOT_SUPPORTED)

@@ -218,15 +218,37 @@ def test_an_accepted_envelope_never_reaches_jsonschema(monkeypatch: pytest.Monke
     assert run_input.thread_id == "t-1"
 
 
-def test_a_refusal_is_jsonschema_s_error_on_the_failing_node() -> None:
+def test_a_refusal_names_the_failing_node_and_keyword_without_jsonschema(monkeypatch: pytest.MonkeyPatch) -> None:
     payload = valid_envelope()
     payload["forwardedProps"]["iacCode"]["unknownField"] = True
-    path, schema = fastschema.compile_schema(validation.envelope_schema())(payload)  # type: ignore[misc]
-    assert path == ("forwardedProps", "iacCode")
+    path, schema, keyword = fastschema.compile_schema(validation.envelope_schema())(payload)  # type: ignore[misc]
+    assert (path, keyword) == (("forwardedProps", "iacCode"), "additionalProperties")
     assert "cwd" in schema["properties"]
+
+    def no_jsonschema() -> Any:
+        raise AssertionError("jsonschema was asked")
+
+    monkeypatch.setattr(validation, "_validator", no_jsonschema)
+    validation.cross_check(None)
     with pytest.raises(AguiError) as caught:
         validation.validate_run_input(payload)
     assert caught.value.params == {"field": "forwardedProps.iacCode.unknownField"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "keyword"),
+    [
+        # a node's own errors come in jsonschema's sorted order, whatever the schema's order
+        ({"maxLength": 1, "enum": ["a"], "type": "string"}, 7, "type"),
+        ({"maxLength": 1, "enum": ["a"]}, "bb", "enum"),
+        ({"additionalProperties": False, "required": ["a"]}, {"b": 1}, "required"),
+        ({"pattern": "^a", "minLength": 3}, "b", "minLength"),
+        ({"pattern": "^a", "not": {"const": "b"}}, "b", "not"),
+    ],
+)
+def test_the_first_keyword_of_a_node_is_jsonschema_s(schema: dict[str, Any], value: Any, keyword: str) -> None:
+    failure = fastschema.compile_schema(schema)(value)
+    assert failure is not None and failure[2] == keyword
 
 
 PROPS = ("forwardedProps", "iacCode")
