@@ -140,3 +140,50 @@ def test_solution_first_runs_every_step_to_pipeline_completed(
     assert_no_secret(real_kernel, fake_aliyun, secret, runs)
     assert_journal_delivered_once(real_kernel, runs)
     official_check(runs, [{"selectedId": "1"}])
+
+
+def test_cancelled_confirmation_ends_the_pipeline_early_without_deploying(
+    client: Client, ws: Path, real_kernel: RealKernel, fake_aliyun: FakeAliyun, secret: str, tag: str
+) -> None:
+    body, runs, confirmation = to_the_deployment_confirmation(client, ws, fake_aliyun, secret, tag)
+    mark = len(fake_aliyun.calls)
+    last = client.run(resume_with(body, secret, confirmation, {"selectedId": "cancel"}))
+    runs.append(last)
+    # the kernel resolves the structured cancel itself (tests/data/a2a-selling/19): step 2 concludes
+    # cancelled, continue_pipeline false ends the pipeline early; deploying never starts
+    assert last.terminal["type"] == "RUN_FINISHED" and last.terminal["outcome"] == {"type": "success"}
+    assert step_names(last, "STEP_STARTED") == STEPS[1:2] and "deploying" not in step_names(last, "STEP_FINISHED")
+    assert calls_since(fake_aliyun, mark) == []
+    ends = [e for e in pipeline_events(last) if e["eventType"] == "pipeline_completed"]
+    assert ends and ends[-1]["data"] == {"totalSteps": 3, "earlyExit": True}
+    events = journal(real_kernel, session_value(runs[0])["taskId"])
+    [handoff] = {e["data"]["outcome"] for e in events if e["eventType"] == "pipeline_handoff_ready"}
+    assert handoff == "early_exit"
+    done = [e["data"]["conclusion"] for e in events if e["eventType"] == "step_completed"]
+    assert (done[-1]["status"], done[-1]["continue_pipeline"]) == ("cancelled", False)
+    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
+    assert_journal_delivered_once(real_kernel, runs)
+    official_check(runs, [{"selectedId": "1"}])
+
+
+def test_reselect_rolls_back_to_the_planning_step_and_asks_again(
+    client: Client, ws: Path, real_kernel: RealKernel, fake_aliyun: FakeAliyun, secret: str, tag: str
+) -> None:
+    body, runs, confirmation = to_the_deployment_confirmation(client, ws, fake_aliyun, secret, tag)
+    again = client.run(resume_with(body, secret, confirmation, {"selectedId": "reselect"}))
+    runs.append(again)
+    # reselect_requested with a rollback to step 1 (tests/data/a2a-selling/20): the planning step runs
+    # again (attempt 2, a new candidate batch) and raises a new candidate_selection
+    selection = only_interrupt(again)
+    first_selection = only_interrupt(runs[0])
+    assert selection["metadata"]["kind"] == "candidate_selection" and selection["id"] != first_selection["id"]
+    assert step_names(again, "STEP_STARTED") == STEPS[1::-1]
+    rollbacks = [e for e in pipeline_events(again) if e["eventType"] == "rollback_completed"]
+    assert [(e["data"]["fromStep"], e["data"]["toStep"]) for e in rollbacks] == [(STEPS[1], STEPS[0])]
+    # and the pipeline goes on from there: choosing the other candidate writes its template
+    runs.append(client.run(resume_with(body, secret, selection, {"selectedId": "0"})))
+    write = only_interrupt(runs[-1])
+    assert (write["metadata"]["toolName"], write["metadata"]["target"]) == ("write_file", ssf_output_path(0))
+    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
+    assert_journal_delivered_once(real_kernel, runs)
+    official_check(runs, [{"selectedId": "1"}])
