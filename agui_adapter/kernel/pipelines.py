@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agui_adapter.kernel.frames import PipeRun
-from agui_adapter.kernel.journal import PIPELINE_STEPS
+from agui_adapter.kernel.journal import PIPELINE_STEPS, SOLUTION_FIRST_STEPS, pipeline_steps
 from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT, write_file_result, write_permission_shown
 from agui_adapter.kernel.tasks import Canceled, Pending
 from agui_adapter.kernel.wire import as_struct, random_hex
@@ -30,6 +30,8 @@ PIPELINE_FIELDS = {
     "evaluate_candidates": "evaluated_candidates",
     "confirm_and_select": "selected_plan",
     "deploying": "deployment",
+    "solution_planning_and_selection": "solution_selection",
+    "materialize_selected_candidate": "selected_plan",
 }
 PIPELINE_CONCLUSIONS: dict[str, dict[str, Any]] = {
     "intent_parsing": {
@@ -46,6 +48,7 @@ PIPELINE_CONCLUSIONS: dict[str, dict[str, Any]] = {
 
 
 SELECT_PROMPT = "Which plan should be deployed?"
+SOLUTION_PROMPT = "Choose the solution to implement and deploy"  # selling_solution_first's (capture 13)
 CONFIRM_PROMPT = "Deploy the selected plan now?"
 CONFIRM_OPTIONS = ({"id": "confirm", "label": "Confirm"}, {"id": "cancel", "label": "Cancel"})
 RESOURCE_PROMPT = "Which VPC should host the site?"
@@ -155,6 +158,9 @@ def _handoff_summary(name: str, outcome: str) -> str:
 def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
     """The scripted pipeline; yields ``(envelopes, waits)`` and receives the answer."""
     pipe = p.pipe
+    if pipe.name == "selling_solution_first":
+        yield from solution_first_body(p)
+        return
     flags = pipe.flags
     outcome = "completed"
     plans, chosen = copy.deepcopy(CANDIDATES), 0  # the plans offered and the one chosen
@@ -215,20 +221,12 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
                 dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]} for i, c in enumerate(plans)
             ]
             _pipe_complete_step(p, step, {"options": offered, "user_prompt": SELECT_PROMPT}, ooo=False)
-            chosen = yield from _pipe_selection(p, step, offered, shown)
+            chosen = yield from _pipe_selection(p, step, offered, shown, SELECT_PROMPT)
             conclusion = {
                 "selected_evaluated_candidate_index": chosen,
                 "selected_candidate_name": plans[chosen]["label"],
                 "selected_candidate_index": chosen,
             }
-            asked = True
-        elif name == "deploying" and "PIPE-CANDIDATES" in flags and pipe.name == "selling_solution_first":
-            # not observed: the real kernel raises deployment_confirmation in selling_solution_first's
-            # materialize_selected_candidate step, which this script does not have
-            option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
-            if option["id"] == "cancel":
-                outcome = "early_exit"
-                conclusion = {"deployed": False, "reason": "canceled by the user"}
             asked = True
         elif name == "deploying" and "PIPE-CANDIDATES" in flags:
             conclusion = yield from _pipe_deploy_permission(p, step, chosen=plans[chosen])
@@ -240,6 +238,93 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             _pipe_fail(p, step)
             return
         _pipe_complete_step(p, step, conclusion, ooo="PIPE-OOO" in flags and name == "architecture_planning")
+    _pipe_finish(p, outcome)
+
+
+def solution_first_body(p: PipeRun) -> Generator[Any, Any, None]:
+    """``selling_solution_first`` as the real kernel runs it (tests/data/a2a-selling/13-17): three steps.
+
+    solution_planning_and_selection (``uiMode: candidate_selection``) completes with the candidates'
+    options (``status: awaiting_selection``); with ``[PIPE-CANDIDATES]`` it then waits for
+    ``candidate_selection`` (prompt "Choose the solution to implement and deploy", options with
+    their summaries) and the kernel resolves the answer itself: ``input_received`` and at once a
+    second ``step_completed`` (``status: selected``), no LLM turn. materialize_selected_candidate
+    (``uiMode: deployment_confirmation``) completes ``awaiting_confirmation`` and waits for the
+    deployment confirmation; deploying calls ``ros_deploy`` behind its permission. The template
+    write and the ROS validation, pricing and preview of the real step 2 are not scripted.
+    """
+    pipe = p.pipe
+    flags = pipe.flags
+    waits = "PIPE-CANDIDATES" in flags
+    plans, chosen, outcome = copy.deepcopy(CANDIDATES), 0, "completed"
+    offered = [{"name": c["label"], "summary": c["summary"], "candidate_index": i} for i, c in enumerate(plans)]
+    attempts = 0  # the kernel's attempt ids count step starts and resumed waits (att_0001, att_0002, ...)
+    p.emit(
+        "pipeline_started",
+        {
+            "totalSteps": len(SOLUTION_FIRST_STEPS),
+            "stepNames": list(SOLUTION_FIRST_STEPS),
+            "userRequest": pipe.user_request,
+            "pipelineType": pipe.name,
+        },
+    )
+    for name in SOLUTION_FIRST_STEPS:
+        step = p.coord(name)
+        ui_mode = {
+            "solution_planning_and_selection": "candidate_selection",
+            "materialize_selected_candidate": "deployment_confirmation",
+        }.get(name)
+        attempts += 1
+        p.emit(
+            "step_started",
+            {
+                "transcript_id": f"transcript_att_{attempts:04d}",
+                "active_attempt_id": f"att_{attempts:04d}",
+                "total": len(SOLUTION_FIRST_STEPS),
+                "uiMode": ui_mode,
+                "index": step["index"],
+                "name": name,
+                "attempt": 1,
+                "stepType": "normal",
+            },
+            step=dict(step, type="normal", uiMode=ui_mode),
+        )
+        p.emit("context_usage", _context_usage(0), step=step)
+        p.say(f"Working on {name}.", step=step)
+        selection = {"status": "selected", "continue_pipeline": True, "is_infra_intent": True, "options": offered}
+        if name == "solution_planning_and_selection" and waits:
+            awaiting = dict(selection, status="awaiting_selection", user_prompt=SOLUTION_PROMPT)
+            _pipe_complete_step(p, step, awaiting, ooo=False)
+            shown = [{"id": str(i), "label": o["name"], "summary": o["summary"]} for i, o in enumerate(offered)]
+            chosen = yield from _pipe_selection(p, step, offered, shown, SOLUTION_PROMPT)
+            attempts += 1
+            selected = dict(awaiting, status="selected", selected_candidate_index=chosen)
+            selected.update(selected_candidate_name=plans[chosen]["label"], user_input=offered[chosen]["name"])
+            data = {"durationS": 0.04, "conclusionField": PIPELINE_FIELDS[name], "conclusion": selected}
+            p.emit("step_completed", data, step=step)
+            continue
+        if name == "solution_planning_and_selection":
+            conclusion = dict(selection, selected_candidate_index=0, selected_candidate_name=plans[0]["label"])
+        elif name == "materialize_selected_candidate" and waits:
+            option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
+            attempts += 1
+            confirmed = option is not None and option["id"] == "confirm"
+            conclusion = {"status": "confirmed" if confirmed else "cancelled", "continue_pipeline": confirmed}
+            if not confirmed:
+                outcome = "early_exit"
+            p.emit("context_usage", _context_usage(3), step=step)
+            p.say(f"Working on {name}.", step=step)
+        elif name == "materialize_selected_candidate":
+            conclusion = {"status": "confirmed", "continue_pipeline": True, "deployment_confirmed": True}
+        elif waits:
+            conclusion = yield from _pipe_deploy_permission(p, step, chosen=plans[chosen])
+            p.emit("context_usage", _context_usage(3), step=step)
+            p.say(f"Working on {name}.", step=step)
+        else:
+            conclusion = copy.deepcopy(PIPELINE_CONCLUSIONS[name])
+        _pipe_complete_step(p, step, conclusion, ooo=False)
+        if outcome == "early_exit":
+            break  # continue_pipeline false: the pipeline ends after this step
     _pipe_finish(p, outcome)
 
 
@@ -330,7 +415,7 @@ def _pipe_question(
 
 
 def _pipe_selection(
-    p: PipeRun, step: dict[str, Any], offered: list[dict[str, Any]], shown: list[dict[str, Any]]
+    p: PipeRun, step: dict[str, Any], offered: list[dict[str, Any]], shown: list[dict[str, Any]], prompt: str
 ) -> Generator[Any, Any, int]:
     """The candidate_selection wait as the real kernel raises it (tests/data/a2a-selling/01, 02).
 
@@ -341,7 +426,7 @@ def _pipe_selection(
     ``userInputLength, selectedValue, kind, selectedIndex, selectedOption``. Returns the index.
     """
     pipe = p.pipe
-    data = {"stepId": step["id"], "options": offered, "prompt": SELECT_PROMPT, "kind": "candidate_selection"}
+    data = {"stepId": step["id"], "options": offered, "prompt": prompt, "kind": "candidate_selection"}
     envelope = p.event("input_required", data, status="input_required", step=step)
     input_id = "input-" + envelope["eventId"]
     unified = as_struct(
@@ -352,7 +437,7 @@ def _pipe_selection(
             "options": shown,
             "requestTaskId": pipe.task_id,
             "required": True,
-            "prompt": SELECT_PROMPT,
+            "prompt": prompt,
             "kind": "candidate_selection",
         }
     )
@@ -843,7 +928,7 @@ def _pipe_finish(p: PipeRun, outcome: str) -> None:
     failed = outcome == "failed"
     status = "failed" if failed else "completed"
     terminal = "pipeline_failed" if failed else "pipeline_completed"
-    total = len(PIPELINE_STEPS)
+    total = len(pipeline_steps(p.pipe.name))
     terminal_data = (
         {"totalSteps": total, "failed": True}
         if failed

@@ -582,10 +582,28 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
 
 @pytest.mark.parametrize("decision", ["Confirm", "cancel"])
 def test_pipe_candidates_solution_first_confirms_the_deployment(kernel: ScriptedKernel, decision: str) -> None:
-    # scripted, not observed: the real selling_solution_first raises deployment_confirmation (in its
-    # materialize_selected_candidate step; tests/data/a2a-selling/README.md)
+    # as the real selling_solution_first (tests/data/a2a-selling/13-17): three steps; the selection in
+    # the planning step, resolved without an LLM turn; the confirmation in materialize_selected_candidate
     got, task_id, ctx = start(kernel, "[PIPE-CANDIDATES] compare plans", pipeline_name="selling_solution_first")
+    first = live(got)
+    steps = ["solution_planning_and_selection", "materialize_selected_candidate", "deploying"]
+    assert first[0]["data"]["stepNames"] == steps and first[0]["data"]["totalSteps"] == 3
+    started = of_type(first, "step_started")
+    assert [(e["step"]["id"], e["step"]["total"], e["data"]["uiMode"]) for e in started] == [
+        (steps[0], 3, "candidate_selection")
+    ]
+    selection = iac(got[-1])["input"]
+    assert (selection["kind"], selection["prompt"]) == (
+        "candidate_selection",
+        "Choose the solution to implement and deploy",
+    )
+    assert [(o["id"], o["label"]) for o in selection["options"]] == [("0", "Plan A"), ("1", "Plan B")]
+    assert of_type(first, "step_completed")[0]["data"]["conclusion"]["status"] == "awaiting_selection"
     picked = answer(kernel, ctx, task_id, "Plan B")
+    picked_envs = live(picked)
+    assert types(picked_envs)[:3] == ["input_received", "step_completed", "step_started"]
+    assert picked_envs[1]["data"]["conclusion"]["selected_candidate_index"] == 1
+    assert picked_envs[2]["step"]["id"] == steps[1] and picked_envs[2]["data"]["uiMode"] == "deployment_confirmation"
     confirm = iac(picked[-1])["input"]
     assert state(picked[-1]) == "TASK_STATE_INPUT_REQUIRED"
     assert confirm["kind"] == "deployment_confirmation"
@@ -593,13 +611,28 @@ def test_pipe_candidates_solution_first_confirms_the_deployment(kernel: Scripted
     done = answer(kernel, ctx, task_id, decision)
     done_envs = live(done)
     assert done_envs[0]["data"]["selectedId"] == decision.lower()
-    assert state(done[-1]) == "TASK_STATE_COMPLETED"
-    completed = of_type(done_envs, "pipeline_completed")[0]["data"]
-    handoff = of_type(done_envs, "pipeline_handoff_ready")[0]["data"]
     if decision.lower() == "cancel":
-        assert completed["earlyExit"] is True and handoff["outcome"] == "early_exit"
-    else:
-        assert "earlyExit" not in completed and handoff["outcome"] == "completed"
+        assert state(done[-1]) == "TASK_STATE_COMPLETED"
+        assert "deploying" not in [e["step"]["id"] for e in of_type(done_envs, "step_started")]
+        completed = of_type(done_envs, "pipeline_completed")[0]["data"]
+        handoff = of_type(done_envs, "pipeline_handoff_ready")[0]["data"]
+        assert completed == {"totalSteps": 3.0, "earlyExit": True} and handoff["outcome"] == "early_exit"
+        return
+    # confirmed: deploying asks for ros_deploy's permission, as the real one does (capture 16)
+    assert state(done[-1]) == "TASK_STATE_INPUT_REQUIRED"
+    assert [e["step"]["id"] for e in of_type(done_envs, "step_started")] == ["deploying"]
+    wait = iac(done[-2])["input"]
+    assert (wait["kind"], wait["toolName"]) == ("permission", "ros_deploy")
+    last = frames(
+        rpc(
+            kernel,
+            "SendStreamingMessage",
+            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, wait, "allow_once")),
+            stream=True,
+        )
+    )
+    assert state(last[-1]) == "TASK_STATE_COMPLETED"
+    assert of_type(live(last), "pipeline_completed")[0]["data"] == {"totalSteps": 3.0}
 
 
 # --------------------------------------------------------------------------- [PIPE-PERMS]
