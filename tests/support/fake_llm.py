@@ -29,6 +29,15 @@ kernel sends, using markers in the latest user message:
                 (create) and concludes with its result. The markers reach a candidate's cost
                 step through the candidates' ``resource_intents``, the only candidate field
                 its prompt shows.
+``[PIPE-SSF]``  (pipeline turn of the real ``selling_solution_first``, :func:`ssf_next_call`)
+                planning: ``show_architecture_plan`` (two outlines), ``show_candidate_detail`` per
+                candidate, ``complete_step`` ``awaiting_selection`` with the intent (the kernel
+                resolves the choice itself); materialize: ``write_file`` of the template at the
+                path the prompt names, ``ros_validate_template``, ``ros_estimate_template_cost``,
+                ``ros_preview_template`` on it, ``complete_step`` ``awaiting_confirmation`` (a
+                structured ``{"action": ...}`` reaching the LLM gets the matching status);
+                deploying: ``ros_deploy`` (create), ``complete_step`` ``failed``, a closing text.
+                The markers ride in ``intent.summary``; ``[PIPE-FAIL-AT:<step>]`` works here too.
 (judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
                 ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
