@@ -18,13 +18,14 @@ from typing import Any
 
 from tests.support.agui_client import Client, RunResult, session_value
 from tests.support.fake_aliyun import FakeAliyun
-from tests.support.fake_llm import SSF_CANDIDATES, ssf_output_path
+from tests.support.fake_llm import SSF_CANDIDATES, SSF_CONFIRM_WORDS, ssf_output_path
 
 from . import test_cloud_real as cloud
 from .harness import (
     RealKernel,
     assert_journal_delivered_once,
     journal,
+    llm_log,
     official_check,
     only_interrupt,
     pipeline_events,
@@ -184,6 +185,38 @@ def test_reselect_rolls_back_to_the_planning_step_and_asks_again(
     runs.append(client.run(resume_with(body, secret, selection, {"selectedId": "0"})))
     write = only_interrupt(runs[-1])
     assert (write["metadata"]["toolName"], write["metadata"]["target"]) == ("write_file", ssf_output_path(0))
+    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
+    assert_journal_delivered_once(real_kernel, runs)
+    official_check(runs, [{"selectedId": "1"}])
+
+
+def test_free_text_confirmation_goes_to_the_step_llm_and_a_denied_deploy_creates_nothing(
+    client: Client, ws: Path, real_kernel: RealKernel, fake_aliyun: FakeAliyun, secret: str, tag: str
+) -> None:
+    body, runs, confirmation = to_the_deployment_confirmation(client, ws, fake_aliyun, secret, tag)
+    runs.append(client.run(resume_with(body, secret, confirmation, {"freeText": SSF_CONFIRM_WORDS})))
+    permission = only_interrupt(runs[-1])
+    assert permission["metadata"]["toolName"] == "ros_deploy"
+    # natural language is not resolved by the kernel (tests/data/a2a-selling/22): input_received says
+    # structured false, and the step's LLM read the text and concluded confirmed
+    task_id = session_value(runs[0])["taskId"]
+    events = journal(real_kernel, task_id)
+    [received] = [
+        e["data"]
+        for e in events
+        if e["eventType"] == "input_received" and e["data"]["kind"] == "deployment_confirmation"
+    ]
+    assert (received["selectedValue"], received["structured"]) == (SSF_CONFIRM_WORDS, False)
+    asked = [r for r in llm_log(real_kernel, SSF_CONFIRM_WORDS) if r["behaviour"].startswith("ssf-materialize")]
+    assert [r["behaviour"] for r in asked] == ["ssf-materialize_selected_candidate-complete_step"]
+    plan = [e for e in events if e["eventType"] == "step_completed"][-1]["data"]["conclusion"]
+    assert (plan["status"], plan["confirmation"]["input_type"]) == ("confirmed", "natural_language")
+    mark = len(fake_aliyun.calls)
+    runs.append(client.run(resume_with(body, secret, permission, {"decision": "deny"})))
+    assert runs[-1].terminal["type"] == "RUN_FINISHED" and runs[-1].terminal["outcome"] == {"type": "success"}
+    assert calls_since(fake_aliyun, mark) == []
+    done = [e for e in journal(real_kernel, task_id) if e["eventType"] == "step_completed"][-1]
+    assert done["step"]["id"] == "deploying" and done["data"]["conclusion"]["status"] == "failed"
     assert_no_secret(real_kernel, fake_aliyun, secret, runs)
     assert_journal_delivered_once(real_kernel, runs)
     official_check(runs, [{"selectedId": "1"}])

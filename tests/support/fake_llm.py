@@ -612,6 +612,8 @@ SSF_CANDIDATES: tuple[dict[str, Any], ...] = (
     },
 )
 SSF_REGION = "cn-hangzhou"
+#: a natural-language deployment confirmation (free text the kernel hands to the step's LLM)
+SSF_CONFIRM_WORDS = "yes, deploy it"
 
 
 def ssf_step(messages: list[dict[str, Any]]) -> str | None:
@@ -726,6 +728,10 @@ def ssf_next_call(step: str | None, messages: list[dict[str, Any]]) -> tuple[str
             if status == "reselect_requested":
                 conclusion["reselect_reason"] = json.dumps(answer)
             return "complete_step", {"conclusion": conclusion}
+        users = [message_text(m) for m in messages if m.get("role") == "user"]
+        if users and SSF_CONFIRM_WORDS in users[-1] and "complete_step" not in calls:
+            # a natural-language confirmation reaches the LLM: confirm the plan the step already priced
+            return "complete_step", {"conclusion": {"status": "confirmed"}}
         path = _ssf_template_path(text)
         plan = [
             ("write_file", {"path": path, "content": SELL_TEMPLATE}),
