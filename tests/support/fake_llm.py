@@ -35,7 +35,8 @@ kernel sends, using markers in the latest user message:
                 resolves the choice itself); materialize: ``write_file`` of the template at the
                 path the prompt names, ``ros_validate_template``, ``ros_estimate_template_cost``,
                 ``ros_preview_template`` on it, ``complete_step`` ``awaiting_confirmation`` (a
-                structured ``{"action": ...}`` reaching the LLM gets the matching status);
+                structured ``{"action": ...}`` reaching the LLM gets the matching status, the
+                free text :data:`SSF_CONFIRM_WORDS` gets ``confirmed``);
                 deploying: ``ros_deploy`` (create), ``complete_step`` ``failed``, a closing text.
                 The markers ride in ``intent.summary``; ``[PIPE-FAIL-AT:<step>]`` works here too.
 (judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
