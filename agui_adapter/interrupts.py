@@ -55,6 +55,7 @@ PERMISSION_SCHEMA: dict[str, Any] = {
 }
 
 RESOURCE_SELECTION = "cloud_resource_selection"
+DEPLOYMENT_CONFIRMATION = "deployment_confirmation"
 
 REASONS = {
     "permission": "tool_call",
@@ -135,6 +136,67 @@ def resource_response(kernel_input: dict[str, Any], payload: Any, *, task_id: st
         if label:
             response["label"] = label
     return {k: v for k, v in response.items() if v is not None}
+
+
+def confirmation_input(iac: dict[str, Any]) -> dict[str, Any] | None:
+    """The input of a ``deployment_confirmation`` wait, which the kernel sends without one.
+
+    ``selling_solution_first``'s materialize step waits for it with an INPUT_REQUIRED frame that
+    carries only the pipeline's ``input_required`` envelope (``data.kind``, ``prompt``, ``options``
+    by ``action``, the plan's cost): the kernel projects an ``iac_code.input`` for questions and
+    selections only (tests/data/a2a-selling/15). Built here the way the kernel builds those:
+    inputId ``input-<eventId>``; the answer is the structured ``{"action": ...}`` it resolves
+    without the LLM, or free text, which its LLM reads.
+    """
+    envelopes: list[Any] = [iac.get("pipeline")]
+    batch = iac.get("pipelineBatch")
+    if isinstance(batch, dict) and isinstance(batch.get("events"), list):
+        envelopes.extend(batch["events"])
+    for envelope in reversed(envelopes):
+        if not isinstance(envelope, dict) or envelope.get("eventType") != "input_required":
+            continue
+        data = envelope.get("data")
+        if not isinstance(data, dict) or data.get("kind") != DEPLOYMENT_CONFIRMATION:
+            continue
+        if not isinstance(envelope.get("eventId"), str) or not envelope["eventId"]:
+            return None
+        options = [
+            {"id": o["action"], "label": str(o.get("name") or o["action"]), "summary": str(o.get("summary") or "")}
+            for o in data.get("options") or []
+            if isinstance(o, dict) and isinstance(o.get("action"), str) and o["action"]
+        ]
+        cost = data.get("cost") if isinstance(data.get("cost"), dict) else {}
+        resources = cost.get("resources") if isinstance(cost.get("resources"), list) else []
+        summary = {
+            "solutionSummary": str(data.get("solution_summary") or ""),
+            "template": str(data.get("template_url") or ""),
+            "totalMonthlyCost": str(cost.get("monthly_estimate") or ""),
+            "resources": [
+                {
+                    "name": str(r.get("type") or ""),
+                    "spec": str(r.get("spec") or ""),
+                    "monthlyCost": str(r.get("cost") or ""),
+                }
+                for r in resources
+                if isinstance(r, dict)
+            ],
+            "previewReadyForCreate": data.get("preview_ready_for_create") is True,
+        }
+        kernel_input: dict[str, Any] = {
+            "schemaVersion": 1,
+            "kind": DEPLOYMENT_CONFIRMATION,
+            "inputId": f"input-{envelope['eventId']}",
+            "prompt": str(data.get("prompt") or ""),
+            "options": options,
+            "allowFreeText": True,
+            "deploymentSummary": summary,
+            "required": True,
+        }
+        for key in ("taskId", "contextId"):
+            if isinstance(envelope.get(key), str):
+                kernel_input["requestTaskId" if key == "taskId" else key] = envelope[key]
+        return kernel_input
+    return None
 
 
 def sideband_ids(iac: dict[str, Any]) -> set[str]:
@@ -233,6 +295,10 @@ def answer_text(kernel_input: dict[str, Any], payload: Any) -> str | None:
     if isinstance(free, str) and free.strip():
         return free
     selected = payload.get("selectedId")
+    if isinstance(selected, str) and kernel_input.get("kind") == DEPLOYMENT_CONFIRMATION:
+        # the structured answer the kernel resolves itself (iac_code/pipeline/engine/ui_contract.py)
+        actions = {o["id"] for o in option_entries(kernel_input.get("options"))}
+        return json.dumps({"action": selected}) if selected in actions else None
     if isinstance(selected, str):
         for option in option_entries(kernel_input.get("options")):
             if option["id"] == selected:

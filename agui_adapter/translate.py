@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from . import interrupts as intr
 from . import pipeline as pl
 from .events import Event
 from .pipeline import PipelineProgress
@@ -122,6 +123,10 @@ def inspect_frame(frame: Any) -> FrameInfo:
         info.session_id = _session_id(iac)
         if "input" in iac or "pendingPermissions" in iac:
             info.inputs = required_inputs(iac)
+        elif info.state == "input-required" and ("pipeline" in iac or "pipelineBatch" in iac):
+            confirmation = intr.confirmation_input(iac)  # a wait the kernel sends without an input
+            if confirmation is not None:
+                info.inputs = [confirmation]
     return info
 
 

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from agui_adapter.kernel.journal import PIPELINE_EXTENSION_URI, PIPELINE_STEPS, Pipeline
+from agui_adapter.kernel.journal import PIPELINE_EXTENSION_URI, Pipeline, pipeline_steps
 from agui_adapter.kernel.tasks import Canceled, KernelState, Pending, Task
 from agui_adapter.kernel.wire import (
     CANCELED,
@@ -267,14 +267,14 @@ class PipeRun:
         self.run: Run | None = None
         self._batch: list[dict[str, Any]] | None = None
 
-    @staticmethod
-    def coord(name: str) -> dict[str, Any]:
+    def coord(self, name: str, attempt: int = 1) -> dict[str, Any]:
+        steps = pipeline_steps(self.pipe.name)
         return {
             "id": name,
-            "runId": f"step-{name}-1",
-            "index": PIPELINE_STEPS.index(name) + 1,
-            "total": len(PIPELINE_STEPS),
-            "attempt": 1,
+            "runId": f"step-{name}-{attempt}",
+            "index": steps.index(name) + 1,
+            "total": len(steps),
+            "attempt": attempt,
         }
 
     def event(self, event_type: str, data: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:

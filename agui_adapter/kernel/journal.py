@@ -31,11 +31,21 @@ PIPELINE_STEPS = (
     "confirm_and_select",
     "deploying",
 )
+#: selling_solution_first's own steps (tests/data/a2a-selling/13): plan and choose, materialize and
+#: confirm, deploy
+SOLUTION_FIRST_STEPS = ("solution_planning_and_selection", "materialize_selected_candidate", "deploying")
+
+
+def pipeline_steps(name: str) -> tuple[str, ...]:
+    """The steps of the named pipeline (``selling``'s five, ``selling_solution_first``'s three)."""
+    return SOLUTION_FIRST_STEPS if name == "selling_solution_first" else PIPELINE_STEPS
 
 
 def wait_iac(waits: list[Pending]) -> dict[str, Any]:
     """The ``iac_code`` keys that describe the pending waits of a pipeline task."""
     first = waits[0]
+    if first.kind == "deployment_confirmation":
+        return {}  # the real kernel sends this wait without an input (tests/data/a2a-selling/15, 21)
     iac: dict[str, Any] = {"input": first.envelope}
     if first.kind == "cloud_resource_selection":
         iac["inputRequired"] = first.envelope
@@ -328,8 +338,8 @@ class Pipeline:
                 "inputHistory": self.input_history,
                 "interruptHistory": [],
                 "rollbackHistory": [],
-                "stepNames": list(PIPELINE_STEPS),
-                "totalSteps": len(PIPELINE_STEPS),
+                "stepNames": list(pipeline_steps(self.name)),
+                "totalSteps": len(pipeline_steps(self.name)),
                 "userRequest": self.user_request,
                 "warningHistory": self.warnings,
             },

@@ -20,6 +20,7 @@ from typing import Any
 from agui_adapter.kernel.frames import Run
 from agui_adapter.kernel.journal import Pipeline, match_option, wait_iac
 from agui_adapter.kernel.messages import PERMISSION_FIELDS_MISMATCH, PERMISSION_NOT_ACTIVE
+from agui_adapter.kernel.pipelines import confirmation_action
 from agui_adapter.kernel.tasks import Pending, Task
 from agui_adapter.kernel.wire import CLOSE, WORKING, invalid_params
 
@@ -69,6 +70,13 @@ def pipeline_answer_locked(
         reply = text.strip()
         if not reply:
             raise invalid_params("An answer to the pending question is required.")
+        if pending.kind == "deployment_confirmation":
+            chosen = confirmation_action(pending.envelope["options"], reply)
+            if chosen is None:
+                raise invalid_params(NO_OPTION_TEXT)
+            pipe.waits = []
+            value = {"action": chosen[0], "text": chosen[1]}
+            return functools.partial(resume_pipeline, pipe=pipe, value=value)
         option = match_option(pending.envelope.get("options", []), reply)
         if option is None and not pending.envelope.get("allowFreeText"):
             raise invalid_params(NO_OPTION_TEXT)

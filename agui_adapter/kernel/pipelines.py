@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agui_adapter.kernel.frames import PipeRun
-from agui_adapter.kernel.journal import PIPELINE_STEPS
+from agui_adapter.kernel.journal import PIPELINE_STEPS, SOLUTION_FIRST_STEPS, pipeline_steps
 from agui_adapter.kernel.scripts import ASK_OPTIONS, ASK_PROMPT, write_file_result, write_permission_shown
 from agui_adapter.kernel.tasks import Canceled, Pending
 from agui_adapter.kernel.wire import as_struct, random_hex
@@ -30,6 +30,8 @@ PIPELINE_FIELDS = {
     "evaluate_candidates": "evaluated_candidates",
     "confirm_and_select": "selected_plan",
     "deploying": "deployment",
+    "solution_planning_and_selection": "solution_selection",
+    "materialize_selected_candidate": "selected_plan",
 }
 PIPELINE_CONCLUSIONS: dict[str, dict[str, Any]] = {
     "intent_parsing": {
@@ -46,8 +48,7 @@ PIPELINE_CONCLUSIONS: dict[str, dict[str, Any]] = {
 
 
 SELECT_PROMPT = "Which plan should be deployed?"
-CONFIRM_PROMPT = "Deploy the selected plan now?"
-CONFIRM_OPTIONS = ({"id": "confirm", "label": "Confirm"}, {"id": "cancel", "label": "Cancel"})
+SOLUTION_PROMPT = "Choose the solution to implement and deploy"  # selling_solution_first's (capture 13)
 RESOURCE_PROMPT = "Which VPC should host the site?"
 RESOURCE_SELECTOR = {"selectorId": "vpc", "options": [{"value": "vpc-1", "label": "default VPC"}]}
 STEP_FAIL_TEXT = "No conclusion extracted"
@@ -66,7 +67,6 @@ class _Question:
 
 
 _ASK = _Question("ask_user_question", "ask_user_question", "ask", ASK_PROMPT, True, ASK_OPTIONS)
-_CONFIRM = _Question("deployment_confirmation", "confirm_deployment", "confirm", CONFIRM_PROMPT, False, CONFIRM_OPTIONS)
 
 
 def _cost(value: float) -> str:
@@ -155,6 +155,9 @@ def _handoff_summary(name: str, outcome: str) -> str:
 def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
     """The scripted pipeline; yields ``(envelopes, waits)`` and receives the answer."""
     pipe = p.pipe
+    if pipe.name == "selling_solution_first":
+        yield from solution_first_body(p)
+        return
     flags = pipe.flags
     outcome = "completed"
     plans, chosen = copy.deepcopy(CANDIDATES), 0  # the plans offered and the one chosen
@@ -215,20 +218,12 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
                 dict(c, id=str(i)) if pipe.rich else {"id": str(i), "label": c["label"]} for i, c in enumerate(plans)
             ]
             _pipe_complete_step(p, step, {"options": offered, "user_prompt": SELECT_PROMPT}, ooo=False)
-            chosen = yield from _pipe_selection(p, step, offered, shown)
+            chosen = yield from _pipe_selection(p, step, offered, shown, SELECT_PROMPT)
             conclusion = {
                 "selected_evaluated_candidate_index": chosen,
                 "selected_candidate_name": plans[chosen]["label"],
                 "selected_candidate_index": chosen,
             }
-            asked = True
-        elif name == "deploying" and "PIPE-CANDIDATES" in flags and pipe.name == "selling_solution_first":
-            # not observed: the real kernel raises deployment_confirmation in selling_solution_first's
-            # materialize_selected_candidate step, which this script does not have
-            option, _ = yield from _pipe_question(p, step, _CONFIRM, _CONFIRM.options)
-            if option["id"] == "cancel":
-                outcome = "early_exit"
-                conclusion = {"deployed": False, "reason": "canceled by the user"}
             asked = True
         elif name == "deploying" and "PIPE-CANDIDATES" in flags:
             conclusion = yield from _pipe_deploy_permission(p, step, chosen=plans[chosen])
@@ -241,6 +236,200 @@ def pipeline_body(p: PipeRun) -> Generator[Any, Any, None]:
             return
         _pipe_complete_step(p, step, conclusion, ooo="PIPE-OOO" in flags and name == "architecture_planning")
     _pipe_finish(p, outcome)
+
+
+def solution_first_body(p: PipeRun) -> Generator[Any, Any, None]:
+    """``selling_solution_first`` as the real kernel runs it (tests/data/a2a-selling/13-20): three steps.
+
+    solution_planning_and_selection (``uiMode: candidate_selection``) completes with the candidates'
+    options (``status: awaiting_selection``); with ``[PIPE-CANDIDATES]`` it then waits for
+    ``candidate_selection`` (prompt "Choose the solution to implement and deploy", options with
+    their summaries) and the kernel resolves the answer itself: ``input_received`` and at once a
+    second ``step_completed`` (``status: selected``), no LLM turn. materialize_selected_candidate
+    (``uiMode: deployment_confirmation``) completes ``awaiting_confirmation`` and waits for the
+    deployment confirmation (:func:`_pipe_confirmation`): confirm goes on to deploying (``ros_deploy``
+    behind its permission), cancel ends the pipeline early, reselect rolls back to the planning
+    step (a new attempt). The template write and the ROS validation, pricing and preview of the real
+    step 2 are not scripted.
+    """
+    pipe = p.pipe
+    waits = "PIPE-CANDIDATES" in pipe.flags
+    plans, chosen, outcome = copy.deepcopy(CANDIDATES), 0, "completed"
+    offered = [{"name": c["label"], "summary": c["summary"], "candidate_index": i} for i, c in enumerate(plans)]
+    tried = dict.fromkeys(SOLUTION_FIRST_STEPS, 0)  # attempts per step (a rollback starts a new one)
+    attempts = 0  # the kernel's attempt ids count step starts and resumed waits (att_0001, att_0002, ...)
+    p.emit(
+        "pipeline_started",
+        {
+            "totalSteps": len(SOLUTION_FIRST_STEPS),
+            "stepNames": list(SOLUTION_FIRST_STEPS),
+            "userRequest": pipe.user_request,
+            "pipelineType": pipe.name,
+        },
+    )
+    position = 0
+    while position < len(SOLUTION_FIRST_STEPS):
+        name = SOLUTION_FIRST_STEPS[position]
+        position += 1
+        tried[name] += 1
+        step = p.coord(name, tried[name])
+        ui_mode = {
+            "solution_planning_and_selection": "candidate_selection",
+            "materialize_selected_candidate": "deployment_confirmation",
+        }.get(name)
+        attempts += 1
+        p.emit(
+            "step_started",
+            {
+                "transcript_id": f"transcript_att_{attempts:04d}",
+                "active_attempt_id": f"att_{attempts:04d}",
+                "total": len(SOLUTION_FIRST_STEPS),
+                "uiMode": ui_mode,
+                "index": step["index"],
+                "name": name,
+                "attempt": tried[name],
+                "stepType": "normal",
+            },
+            step=dict(step, type="normal", uiMode=ui_mode),
+        )
+        p.emit("context_usage", _context_usage(0), step=step)
+        p.say(f"Working on {name}.", step=step)
+        selection = {"status": "selected", "continue_pipeline": True, "is_infra_intent": True, "options": offered}
+        if name == "solution_planning_and_selection" and waits:
+            awaiting = dict(selection, status="awaiting_selection", user_prompt=SOLUTION_PROMPT)
+            _pipe_complete_step(p, step, awaiting, ooo=False)
+            shown = [{"id": str(i), "label": o["name"], "summary": o["summary"]} for i, o in enumerate(offered)]
+            chosen = yield from _pipe_selection(p, step, offered, shown, SOLUTION_PROMPT)
+            attempts += 1
+            selected = dict(awaiting, status="selected", selected_candidate_index=chosen)
+            selected.update(selected_candidate_name=plans[chosen]["label"], user_input=offered[chosen]["name"])
+            _pipe_step_resolved(p, step, selected)
+            continue
+        if name == "materialize_selected_candidate" and waits:
+            awaiting = dict(CONFIRMATION_PLAN, options=copy.deepcopy(CONFIRMATION_OPTIONS))
+            awaiting["template_url"] = f"templates/{chosen}-{plans[chosen]['label'].lower().replace(' ', '-')}.yml"
+            _pipe_complete_step(p, step, awaiting, ooo=False)
+            action = yield from _pipe_confirmation(p, step, awaiting)
+            attempts += 1
+            if action == "reselect":
+                # the step concludes reselect_requested and the pipeline rolls back to the planning step
+                reason = json.dumps({"action": action})
+                _pipe_step_resolved(p, step, {"status": "reselect_requested", "reselect_reason": reason})
+                position = 0
+                rolled = p.coord(SOLUTION_FIRST_STEPS[0], tried[SOLUTION_FIRST_STEPS[0]] + 1)
+                rollback = {"fromStep": name, "reason": reason, "toStep": SOLUTION_FIRST_STEPS[0]}
+                p.emit(
+                    "rollback_completed", dict(rollback, staleFields=["selected_plan"]), scope="pipeline", step=rolled
+                )
+                continue
+            confirmed = action == "confirm"
+            conclusion = dict(awaiting, status="confirmed", deployment_confirmed=True)
+            if not confirmed:
+                conclusion = {"status": "cancelled", "continue_pipeline": False, "deployment_confirmed": False}
+                outcome = "early_exit"  # continue_pipeline false: the pipeline ends after this step
+            _pipe_step_resolved(p, step, conclusion)
+            if not confirmed:
+                break
+            continue
+        if name == "solution_planning_and_selection":
+            conclusion = dict(selection, selected_candidate_index=0, selected_candidate_name=plans[0]["label"])
+        elif name == "materialize_selected_candidate":
+            conclusion = {"status": "confirmed", "continue_pipeline": True, "deployment_confirmed": True}
+        elif waits:
+            conclusion = yield from _pipe_deploy_permission(p, step, chosen=plans[chosen])
+            p.emit("context_usage", _context_usage(3), step=step)
+            p.say(f"Working on {name}.", step=step)
+        else:
+            conclusion = copy.deepcopy(PIPELINE_CONCLUSIONS[name])
+        _pipe_complete_step(p, step, conclusion, ooo=False)
+    _pipe_finish(p, outcome)
+
+
+def _pipe_step_resolved(p: PipeRun, step: dict[str, Any], conclusion: dict[str, Any]) -> None:
+    """A step the kernel completes itself from a structured answer: ``step_completed``, no LLM turn."""
+    data = {"durationS": 0.04, "conclusionField": PIPELINE_FIELDS[step["id"]], "conclusion": conclusion}
+    p.emit("step_completed", data, step=step)
+
+
+#: What materialize_selected_candidate concludes before the confirmation (tests/data/a2a-selling/15).
+CONFIRMATION_PLAN: dict[str, Any] = {
+    "status": "awaiting_confirmation",
+    "continue_pipeline": True,
+    "deployment_confirmed": False,
+    "selection_valid": True,
+    "user_prompt": "Choose the next action",
+    "solution_summary": "A small web tier on Alibaba Cloud.",
+    "cost": {"quote_status": "succeeded", "monthly_estimate": "¥8.00/month", "currency": "CNY", "resources": []},
+    "parameter_overrides": {},
+    "effective_deployment_parameters": {},
+    "preview_ready_for_create": True,
+}
+CONFIRMATION_OPTIONS: tuple[dict[str, str], ...] = (
+    {
+        "action": "confirm",
+        "name": "Confirm deployment",
+        "summary": "Create cloud resources using the current solution and parameters",
+    },
+    {
+        "action": "reselect",
+        "name": "Choose another solution",
+        "summary": "Return to solution planning and choose again",
+    },
+    {"action": "cancel", "name": "Cancel", "summary": "End the workflow without creating cloud resources"},
+)
+
+
+def _pipe_confirmation(p: PipeRun, step: dict[str, Any], plan: dict[str, Any]) -> Generator[Any, Any, str]:
+    """The deployment_confirmation wait as the real kernel raises it (tests/data/a2a-selling/15-20).
+
+    No tool call and no ``iac_code.input``: the INPUT_REQUIRED frame carries only the
+    ``input_required`` envelope (data ``solution_summary, options`` by ``action``, ``template_url,
+    stepId, preview_ready_for_create, kind, cost, effective_deployment_parameters, prompt,
+    parameter_overrides``), and no stored task lists it (capture 21). The answer is the structured
+    ``{"action": ...}`` or a 1-based option number (:func:`confirmation_action`): ``input_received``
+    ``{userInputLength, kind, selectedValue, action, parameter_overrides, structured}``. Returns the action.
+    """
+    data = {
+        "solution_summary": plan["solution_summary"],
+        "options": copy.deepcopy(plan["options"]),
+        "template_url": plan["template_url"],
+        "stepId": step["id"],
+        "preview_ready_for_create": plan["preview_ready_for_create"],
+        "kind": "deployment_confirmation",
+        "cost": copy.deepcopy(plan["cost"]),
+        "effective_deployment_parameters": {},
+        "prompt": plan["user_prompt"],
+        "parameter_overrides": {},
+    }
+    envelope = p.event("input_required", data, status="input_required", step=step)
+    shown = {"kind": "deployment_confirmation", "options": copy.deepcopy(plan["options"])}
+    answer = yield [envelope], [Pending("deployment_confirmation", "input-" + envelope["eventId"], "", shown)]
+    action, text = answer["action"], answer["text"]
+    received = {"userInputLength": len(text), "kind": "deployment_confirmation", "selectedValue": text}
+    p.emit("input_received", dict(received, action=action, parameter_overrides={}, structured=True), step=step)
+    return str(action)
+
+
+def confirmation_action(options: list[dict[str, Any]], answer: str) -> tuple[str, str] | None:
+    """``(action, text)`` of a deployment confirmation answer, or None (not a structured answer).
+
+    As the real kernel (``iac_code/pipeline/engine/ui_contract.py``, ``pipeline_runner.py``): JSON
+    ``{"action": ...}`` naming one of the offered actions, or a 1-based option number, which the
+    kernel turns into that JSON. Natural language, which the real kernel hands to its LLM, is not
+    scripted.
+    """
+    actions = [str(o.get("action")) for o in options]
+    reply = answer.strip()
+    if reply.isdecimal() and 0 < int(reply) <= len(actions):
+        return actions[int(reply) - 1], json.dumps({"action": actions[int(reply) - 1]})
+    try:
+        value = json.loads(reply)
+    except ValueError:
+        return None
+    action = value.get("action") if isinstance(value, dict) else None
+    if not isinstance(action, str) or action.strip().lower() not in actions:
+        return None
+    return action.strip().lower(), reply
 
 
 def _input_wait(
@@ -330,7 +519,7 @@ def _pipe_question(
 
 
 def _pipe_selection(
-    p: PipeRun, step: dict[str, Any], offered: list[dict[str, Any]], shown: list[dict[str, Any]]
+    p: PipeRun, step: dict[str, Any], offered: list[dict[str, Any]], shown: list[dict[str, Any]], prompt: str
 ) -> Generator[Any, Any, int]:
     """The candidate_selection wait as the real kernel raises it (tests/data/a2a-selling/01, 02).
 
@@ -341,7 +530,7 @@ def _pipe_selection(
     ``userInputLength, selectedValue, kind, selectedIndex, selectedOption``. Returns the index.
     """
     pipe = p.pipe
-    data = {"stepId": step["id"], "options": offered, "prompt": SELECT_PROMPT, "kind": "candidate_selection"}
+    data = {"stepId": step["id"], "options": offered, "prompt": prompt, "kind": "candidate_selection"}
     envelope = p.event("input_required", data, status="input_required", step=step)
     input_id = "input-" + envelope["eventId"]
     unified = as_struct(
@@ -352,7 +541,7 @@ def _pipe_selection(
             "options": shown,
             "requestTaskId": pipe.task_id,
             "required": True,
-            "prompt": SELECT_PROMPT,
+            "prompt": prompt,
             "kind": "candidate_selection",
         }
     )
@@ -843,7 +1032,7 @@ def _pipe_finish(p: PipeRun, outcome: str) -> None:
     failed = outcome == "failed"
     status = "failed" if failed else "completed"
     terminal = "pipeline_failed" if failed else "pipeline_completed"
-    total = len(PIPELINE_STEPS)
+    total = len(pipeline_steps(p.pipe.name))
     terminal_data = (
         {"totalSteps": total, "failed": True}
         if failed

@@ -235,11 +235,18 @@ class KernelState:
         input_: dict[str, Any] | None = None,
         permission: dict[str, Any] | None = None,
         artifact: dict[str, Any] | None = None,
+        scope: str | None = None,
     ) -> dict[str, Any]:
-        """Create one pipeline envelope, journal it and project it into the snapshot."""
+        """Create one pipeline envelope, journal it and project it into the snapshot.
+
+        ``scope`` overrides the scope the coordinates imply (a rollback is pipeline-scoped but
+        names the step it returns to, tests/data/a2a-selling/20).
+        """
         pipe.seq = self.pipeline_sequences.get(pipe.context_id, 0) + 1
         self.pipeline_sequences[pipe.context_id] = pipe.seq
-        if candidate_step is not None:
+        if scope is not None:
+            pass
+        elif candidate_step is not None:
             scope = "candidate_step"  # events inside a candidate's step (observed on the real kernel)
         else:
             scope = "candidate" if candidate is not None else "step" if step is not None else "pipeline"

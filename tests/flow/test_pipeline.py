@@ -16,6 +16,8 @@ from tests.support.agui_client import Client, resume, run_body, session_value
 from tests.support.flow import kernel_calls
 from tests.support.kernel_rpc import journal
 
+SSF = "selling_solution_first"
+
 
 def pipeline_body(text: str, workspace: Path, **kw: Any) -> dict[str, Any]:
     return run_body(text, cwd=str(workspace), runMode="pipeline", pipelineName="selling", **kw)
@@ -103,6 +105,37 @@ def test_candidates_selection_and_the_deploy_permission(client: Client, workspac
     meta = kernel_calls(scripted_kernel, "SendStreamingMessage", session_value(first)["contextId"])[0]
     assert meta["params"]["message"]["metadata"]["iac_code"]["candidatePresentation"] == "rich-v1"
     assert_union_equals_journal(results, scripted_kernel, session_value(first)["taskId"])
+
+
+def test_solution_first_deployment_confirmation_is_an_interrupt_answered_by_resume(
+    client: Client, workspace: Path, scripted_kernel: Any
+) -> None:
+    # selling_solution_first's confirmation comes without an iac_code.input, only as the pipeline's
+    # input_required envelope (tests/data/a2a-selling/15): the adapter makes the interrupt from it
+    # and answers the structured {"action": ...} the kernel resolves itself
+    body = run_body("[PIPE-CANDIDATES] compare", cwd=str(workspace), runMode="pipeline", pipelineName=SSF)
+    first = client.run(body)
+    [selection] = first.terminal["outcome"]["interrupts"]
+    assert selection["metadata"]["kind"] == "candidate_selection"
+    picked = {"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": "1"}}
+    second = client.run(resume(body, [picked], runMode="pipeline", pipelineName=SSF))
+    [confirmation] = second.terminal["outcome"]["interrupts"]
+    assert (confirmation["reason"], confirmation["metadata"]["kind"]) == ("confirmation", "deployment_confirmation")
+    assert [o["id"] for o in confirmation["metadata"]["options"]] == ["confirm", "reselect", "cancel"]
+    task_id = session_value(first)["taskId"]
+    [wait] = [e for e in journal(scripted_kernel, task_id) if e["eventType"] == "input_required"][-1:]
+    assert confirmation["id"] == f"input-{wait['eventId']}"
+    confirm = {"interruptId": confirmation["id"], "status": "resolved", "payload": {"selectedId": "confirm"}}
+    third = client.run(resume(body, [confirm], runMode="pipeline", pipelineName=SSF))
+    sent = kernel_calls(scripted_kernel, "SendStreamingMessage", session_value(first)["contextId"])[-1]
+    assert sent["params"]["message"]["parts"] == [{"text": '{"action": "confirm"}'}]
+    [deploy] = third.terminal["outcome"]["interrupts"]
+    assert deploy["metadata"]["toolName"] == "ros_deploy"
+    allow = {"interruptId": deploy["id"], "status": "resolved", "payload": {"decision": "allow_once"}}
+    last = client.run(resume(body, [allow], runMode="pipeline", pipelineName=SSF))
+    assert last.terminal["outcome"] == {"type": "success"}
+    assert "pipeline_completed" in [c["eventType"] for c in customs([last])]
+    assert_union_equals_journal([first, second, third, last], scripted_kernel, task_id)
 
 
 def test_candidate_permissions_are_interrupts_answered_by_resume(

@@ -8,6 +8,7 @@ not read at test time.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -580,26 +581,120 @@ def test_pipe_candidates_selection_and_deployment(kernel: ScriptedKernel, rich: 
     assert next(s for s in snap["steps"] if s["id"] == "confirm_and_select")["inputReceived"]["selectedIndex"] == 1
 
 
-@pytest.mark.parametrize("decision", ["Confirm", "cancel"])
-def test_pipe_candidates_solution_first_confirms_the_deployment(kernel: ScriptedKernel, decision: str) -> None:
-    # scripted, not observed: the real selling_solution_first raises deployment_confirmation (in its
-    # materialize_selected_candidate step; tests/data/a2a-selling/README.md)
+def _solution_first_to_confirmation(kernel: ScriptedKernel) -> tuple[str, str, list[dict[str, Any]]]:
+    """A selling_solution_first pipeline up to its deployment confirmation: (task id, context, frames)."""
     got, task_id, ctx = start(kernel, "[PIPE-CANDIDATES] compare plans", pipeline_name="selling_solution_first")
+    first = live(got)
+    steps = ["solution_planning_and_selection", "materialize_selected_candidate", "deploying"]
+    assert first[0]["data"]["stepNames"] == steps and first[0]["data"]["totalSteps"] == 3
+    started = of_type(first, "step_started")
+    assert [(e["step"]["id"], e["step"]["total"], e["data"]["uiMode"]) for e in started] == [
+        (steps[0], 3, "candidate_selection")
+    ]
+    selection = iac(got[-1])["input"]
+    assert selection["kind"] == "candidate_selection"
+    assert selection["prompt"] == "Choose the solution to implement and deploy"
+    assert [(o["id"], o["label"]) for o in selection["options"]] == [("0", "Plan A"), ("1", "Plan B")]
+    assert of_type(first, "step_completed")[0]["data"]["conclusion"]["status"] == "awaiting_selection"
     picked = answer(kernel, ctx, task_id, "Plan B")
-    confirm = iac(picked[-1])["input"]
-    assert state(picked[-1]) == "TASK_STATE_INPUT_REQUIRED"
-    assert confirm["kind"] == "deployment_confirmation"
-    assert [o["id"] for o in confirm["options"]] == ["confirm", "cancel"]
+    picked_envs = live(picked)
+    assert types(picked_envs)[:3] == ["input_received", "step_completed", "step_started"]
+    assert picked_envs[1]["data"]["conclusion"]["selected_candidate_index"] == 1
+    assert picked_envs[2]["step"]["id"] == steps[1] and picked_envs[2]["data"]["uiMode"] == "deployment_confirmation"
+    return task_id, ctx, picked
+
+
+def test_pipe_candidates_solution_first_confirmation_wire(kernel: ScriptedKernel) -> None:
+    # as the real kernel (tests/data/a2a-selling/15, 21): step 2 completes awaiting_confirmation, then
+    # an INPUT_REQUIRED frame with only the input_required envelope: no tool call, no iac_code.input,
+    # and the stored task does not list the wait either
+    task_id, ctx, picked = _solution_first_to_confirmation(kernel)
+    envs = live(picked)
+    assert "tool_started" not in [e["eventType"] for e in envs if e["data"].get("toolName") != "complete_step"]
+    assert of_type(envs, "step_completed")[-1]["data"]["conclusion"]["status"] == "awaiting_confirmation"
+    assert state(picked[-1]) == "TASK_STATE_INPUT_REQUIRED" and set(iac(picked[-1])) == {"pipeline"}
+    wait = iac(picked[-1])["pipeline"]
+    assert (wait["eventType"], wait["status"], wait["step"]["id"]) == (
+        "input_required",
+        "input_required",
+        "materialize_selected_candidate",
+    )
+    assert wait["data"]["kind"] == "deployment_confirmation" and wait["data"]["prompt"] == "Choose the next action"
+    assert [o["action"] for o in wait["data"]["options"]] == ["confirm", "reselect", "cancel"]
+    assert "input" not in get_task(kernel, task_id)["metadata"]["iac_code"]
+    # the option's label is natural language, which the real kernel hands to its LLM: not scripted
+    error = rpc_error(
+        rpc(kernel, "SendStreamingMessage", message("Confirm deployment", context_id=ctx, task_id=task_id))
+    )
+    assert error["code"] == -32602
+
+
+@pytest.mark.parametrize("decision", ['{"action": "confirm"}', "3"])
+def test_pipe_candidates_solution_first_confirms_the_deployment(kernel: ScriptedKernel, decision: str) -> None:
+    task_id, ctx, _ = _solution_first_to_confirmation(kernel)
     done = answer(kernel, ctx, task_id, decision)
     done_envs = live(done)
-    assert done_envs[0]["data"]["selectedId"] == decision.lower()
-    assert state(done[-1]) == "TASK_STATE_COMPLETED"
-    completed = of_type(done_envs, "pipeline_completed")[0]["data"]
-    handoff = of_type(done_envs, "pipeline_handoff_ready")[0]["data"]
-    if decision.lower() == "cancel":
-        assert completed["earlyExit"] is True and handoff["outcome"] == "early_exit"
-    else:
-        assert "earlyExit" not in completed and handoff["outcome"] == "completed"
+    action = "confirm" if decision.startswith("{") else "cancel"  # "3": the third option, as 1-based number
+    assert done_envs[0]["eventType"] == "input_received"
+    assert done_envs[0]["data"] == {
+        "userInputLength": float(len(json.dumps({"action": action}))),
+        "kind": "deployment_confirmation",
+        "selectedValue": json.dumps({"action": action}),
+        "action": action,
+        "parameter_overrides": {},
+        "structured": True,
+    }
+    # the kernel resolves the structured answer itself: the step completes at once, no LLM turn
+    resolved = done_envs[1]
+    assert resolved["eventType"] == "step_completed" and resolved["step"]["id"] == "materialize_selected_candidate"
+    if action == "cancel":
+        assert resolved["data"]["conclusion"]["status"] == "cancelled"
+        assert state(done[-1]) == "TASK_STATE_COMPLETED"
+        assert "deploying" not in [e["step"]["id"] for e in of_type(done_envs, "step_started")]
+        completed = of_type(done_envs, "pipeline_completed")[0]["data"]
+        handoff = of_type(done_envs, "pipeline_handoff_ready")[0]["data"]
+        assert completed == {"totalSteps": 3.0, "earlyExit": True} and handoff["outcome"] == "early_exit"
+        return
+    assert resolved["data"]["conclusion"]["status"] == "confirmed"
+    # confirmed: deploying asks for ros_deploy's permission, as the real one does (capture 16)
+    assert state(done[-1]) == "TASK_STATE_INPUT_REQUIRED"
+    assert [e["step"]["id"] for e in of_type(done_envs, "step_started")] == ["deploying"]
+    wait = iac(done[-2])["input"]
+    assert (wait["kind"], wait["toolName"]) == ("permission", "ros_deploy")
+    last = frames(
+        rpc(
+            kernel,
+            "SendStreamingMessage",
+            message(context_id=ctx, task_id=task_id, parts=permission_part(task_id, wait, "allow_once")),
+            stream=True,
+        )
+    )
+    assert state(last[-1]) == "TASK_STATE_COMPLETED"
+    assert of_type(live(last), "pipeline_completed")[0]["data"] == {"totalSteps": 3.0}
+
+
+def test_pipe_candidates_solution_first_reselect_rolls_back(kernel: ScriptedKernel) -> None:
+    # as the real kernel (tests/data/a2a-selling/20): reselect_requested, a pipeline-scoped
+    # rollback_completed naming step 1's next attempt, and step 1 again up to a new selection
+    task_id, ctx, _ = _solution_first_to_confirmation(kernel)
+    again = answer(kernel, ctx, task_id, '{"action": "reselect"}')
+    envs = live(again)
+    assert types(envs)[:4] == ["input_received", "step_completed", "rollback_completed", "step_started"]
+    assert envs[1]["data"]["conclusion"]["status"] == "reselect_requested"
+    rollback = envs[2]
+    assert rollback["scope"] == "pipeline" and rollback["step"]["runId"] == "step-solution_planning_and_selection-2"
+    assert rollback["data"] == {
+        "fromStep": "materialize_selected_candidate",
+        "reason": '{"action": "reselect"}',
+        "toStep": "solution_planning_and_selection",
+        "staleFields": ["selected_plan"],
+    }
+    assert (envs[3]["step"]["id"], envs[3]["step"]["attempt"]) == ("solution_planning_and_selection", 2.0)
+    assert iac(again[-1])["input"]["kind"] == "candidate_selection"
+    picked = answer(kernel, ctx, task_id, "Plan A")
+    assert [(e["step"]["id"], e["step"]["attempt"]) for e in of_type(live(picked), "step_started")] == [
+        ("materialize_selected_candidate", 2.0)
+    ]
 
 
 # --------------------------------------------------------------------------- [PIPE-PERMS]

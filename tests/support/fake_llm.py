@@ -29,6 +29,16 @@ kernel sends, using markers in the latest user message:
                 (create) and concludes with its result. The markers reach a candidate's cost
                 step through the candidates' ``resource_intents``, the only candidate field
                 its prompt shows.
+``[PIPE-SSF]``  (pipeline turn of the real ``selling_solution_first``, :func:`ssf_next_call`)
+                planning: ``show_architecture_plan`` (two outlines), ``show_candidate_detail`` per
+                candidate, ``complete_step`` ``awaiting_selection`` with the intent (the kernel
+                resolves the choice itself); materialize: ``write_file`` of the template at the
+                path the prompt names, ``ros_validate_template``, ``ros_estimate_template_cost``,
+                ``ros_preview_template`` on it, ``complete_step`` ``awaiting_confirmation`` (a
+                structured ``{"action": ...}`` reaching the LLM gets the matching status, the
+                free text :data:`SSF_CONFIRM_WORDS` gets ``confirmed``);
+                deploying: ``ros_deploy`` (create), ``complete_step`` ``failed``, a closing text.
+                The markers ride in ``intent.summary``; ``[PIPE-FAIL-AT:<step>]`` works here too.
 (judge)         the kernel's interrupt judge (guidance into a running pipeline): a JSON verdict,
                 ``supplement`` when the guidance says ``[GUIDE-SUPPLEMENT]``, else ``continue``.
 ``[FAIL]``      HTTP 400 (``invalid_request_error``). The kernel does not retry 4xx other than
@@ -188,6 +198,8 @@ class Script:
 
         if JUDGE_MARK in prompt_text(messages):
             return self._judge(last_user)
+        if "complete_step" in names and SSF_MARK in prompt_text(messages):
+            return self._pipe_ssf(messages)
         if "complete_step" in names and is_selling(prompt_text(messages)):
             return self._pipe_sell(messages, conclusion_schema(body))
         if any("[PIPE-ASK]" in t for t in user_texts) and {"ask_user_question", "complete_step"} <= names:
@@ -290,6 +302,26 @@ class Script:
         # [PIPE-SLOW]: architecture_planning takes slow_interval per chunk (a window to act in)
         delay = self.slow_interval if "[PIPE-SLOW]" in everything and step == "architecture_planning" else 0.0
         return Reply(f"sell-{step}", deltas, finish_reason="tool_calls", delay=delay)
+
+    def _pipe_ssf(self, messages: list[dict[str, Any]]) -> Reply:
+        """One step of the real ``selling_solution_first`` pipeline (``[PIPE-SSF]``).
+
+        The step is recognised by its skill; within a step the next call follows from the calls
+        already made in the conversation (:func:`ssf_next_call`). The markers travel on in the
+        intent the planning step submits (``intent.summary``), which the later steps' prompts show.
+        """
+        step = ssf_step(messages)
+        everything = prompt_text(messages)
+        if step is not None and f"[PIPE-FAIL-AT:{step}]" in everything:
+            return Reply(f"ssf-{step}-fail", error_status=FAIL_STATUS, error_body=FAIL_BODY)
+        planned = ssf_next_call(step, messages)
+        if planned is None:
+            # deploying is not ended by complete_step (complete_step_terminal: false): a text ends it
+            return Reply(f"ssf-{step}-done", _text_deltas([f"Finished {step or 'the step'}."]))
+        tool, arguments = planned
+        deltas = _text_deltas([f"Working on {step or 'the step'}."])
+        deltas += _tool_call_deltas(self._call_id("ssf"), tool, arguments)
+        return Reply(f"ssf-{step}-{tool}", deltas, finish_reason="tool_calls")
 
     def _pipe_ask(self, messages: list[dict[str, Any]]) -> Reply:
         asked = any(
@@ -555,6 +587,192 @@ def sell_conclusion(step: str | None, messages: list[dict[str, Any]], schema: di
             return {"status": "failed", "error": f"ros_deploy: {message_text(last)[:160]}"}
         return {"status": "failed", "error": SELL_DEPLOY_ERROR}
     return None
+
+
+# ----------------------------------------------------------------- selling_solution_first
+SSF_MARK = "[PIPE-SSF]"
+SSF_SKILLS = {
+    "/skills/iac-aliyun-solution-first": "solution_planning_and_selection",
+    "/skills/iac-aliyun-materialize-selected-candidate": "materialize_selected_candidate",
+    "selling_solution_first/skills/iac-aliyun-deploying": "deploying",
+}
+SSF_CANDIDATES: tuple[dict[str, Any], ...] = (
+    {
+        "name": "ECS web server",
+        "summary": "one ECS instance in a VPC serving the site",
+        "cost": "¥40～¥60/月",
+        "tradeoff": "one instance, no failover",
+        "products": ("VPC", "ECS"),
+    },
+    {
+        "name": "OSS static site",
+        "summary": "the site as static files in an OSS bucket",
+        "cost": "¥5～¥10/月",
+        "tradeoff": "static content only",
+        "products": ("VPC", "OSS"),
+    },
+)
+SSF_REGION = "cn-hangzhou"
+#: a natural-language deployment confirmation (free text the kernel hands to the step's LLM)
+SSF_CONFIRM_WORDS = "yes, deploy it"
+
+
+def ssf_step(messages: list[dict[str, Any]]) -> str | None:
+    """The ``selling_solution_first`` step a request belongs to, from the skill in its system prompt."""
+    system = "".join(message_text(m) for m in messages if m.get("role") == "system")
+    for skill, step in SSF_SKILLS.items():
+        if skill in system:
+            return step
+    return None
+
+
+def ssf_output_path(index: int) -> str:
+    """Where the kernel tells step 2 to write candidate ``index``'s template (``templates/<i>-<slug>.yml``)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", SSF_CANDIDATES[index]["name"].casefold()).strip("-")
+    return f"templates/{index}-{slug}.yml"
+
+
+def _ssf_template_path(text: str) -> str:
+    """The template path the step's prompt names (step 2: 模板路径, step 3: 模板)."""
+    found = re.search(r"模板(?:路径)?：`(templates/[^`]+)`", text)
+    return found.group(1) if found else ssf_output_path(0)
+
+
+def _structured_answer(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The deployment confirmation UI's JSON (``{"action": ...}``) when it is the latest user message."""
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    try:
+        value = json.loads(users[-1]) if users else None
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("action"), str) else None
+
+
+def ssf_outline() -> dict[str, Any]:
+    """``show_architecture_plan``'s input: the whole lightweight candidate batch."""
+    return {
+        "candidates": [
+            {
+                "candidate_name": c["name"],
+                "summary": c["summary"],
+                "total_monthly_cost": c["cost"],
+                "key_tradeoff": c["tradeoff"],
+            }
+            for c in SSF_CANDIDATES
+        ]
+    }
+
+
+def ssf_detail(index: int, carried: str) -> dict[str, Any]:
+    """``show_candidate_detail``'s input for candidate ``index`` (one per turn, in index order)."""
+    candidate = SSF_CANDIDATES[index]
+    products = candidate["products"]
+    return {
+        "candidate_index": index,
+        "candidate_name": candidate["name"],
+        "applicable_scenarios": ["a small website"],
+        "resource_intents": [{"product": p, "action": "create", "source": "user", "notes": carried} for p in products],
+        "topology_graph": {
+            "nodes": [{"id": p.lower(), "label": p, "product": p} for p in products],
+            "edges": [{"source": products[0].lower(), "target": products[1].lower(), "label": "hosts"}],
+        },
+        "resource_inventory": [
+            {
+                "resource_id": p.lower(),
+                "product": p,
+                "purpose": f"{p} of the site",
+                "quantity": 1,
+                "lifecycle": "create",
+                "rough_monthly_cost": candidate["cost"] if p != "VPC" else "免费",
+            }
+            for p in products
+        ],
+        "cost_assumptions": ["cn-hangzhou, pay as you go"],
+        "cost_exclusions": ["traffic"],
+        "cost_confidence": "medium",
+        "decision_notes": {
+            "why_recommended": [f"fits a small website: {candidate['summary']}"],
+            "problems_solved": ["hosts the site"],
+            "pros": ["simple", "cheap to start"],
+            "cons": [candidate["tradeoff"]],
+        },
+    }
+
+
+def ssf_next_call(step: str | None, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """The next tool call of a ``selling_solution_first`` step (None: the step's closing text)."""
+    calls = _assistant_calls(messages)
+    text = prompt_text(messages)
+    carried = markers(text)
+    if step == "solution_planning_and_selection":
+        # the step's prompt shows the saved status: after the choice it says awaiting_selection
+        chosen = "状态：`awaiting_selection`" in text and "show_architecture_plan" not in calls
+        if chosen:  # the user's choice reached the LLM (not resolved deterministically): submit the index
+            conclusion = {"status": "selected", "selected_candidate_index": _ssf_chosen_index(messages)}
+            return "complete_step", {"conclusion": conclusion}
+        if "show_architecture_plan" not in calls:
+            return "show_architecture_plan", ssf_outline()
+        details = calls.count("show_candidate_detail")
+        if details < len(SSF_CANDIDATES):
+            return "show_candidate_detail", ssf_detail(details, carried)
+        intent = {
+            "summary": f"a small website on Alibaba Cloud {carried}",
+            "resource_intents": [{"product": "VPC", "action": "create", "source": "user"}],
+            "hard_constraints": [],
+        }
+        return "complete_step", {"conclusion": {"status": "awaiting_selection", "intent": intent}}
+    if step == "materialize_selected_candidate":
+        answer = _structured_answer(messages)
+        if answer is not None:
+            status = {"confirm": "confirmed", "cancel": "cancelled"}.get(answer["action"], "reselect_requested")
+            conclusion: dict[str, Any] = {"status": status}
+            if status == "reselect_requested":
+                conclusion["reselect_reason"] = json.dumps(answer)
+            return "complete_step", {"conclusion": conclusion}
+        users = [message_text(m) for m in messages if m.get("role") == "user"]
+        if users and SSF_CONFIRM_WORDS in users[-1] and "complete_step" not in calls:
+            # a natural-language confirmation reaches the LLM: confirm the plan the step already priced
+            return "complete_step", {"conclusion": {"status": "confirmed"}}
+        path = _ssf_template_path(text)
+        plan = [
+            ("write_file", {"path": path, "content": SELL_TEMPLATE}),
+            ("ros_validate_template", {"template_url": path, "region_id": SSF_REGION}),
+            ("ros_estimate_template_cost", {"template_url": path, "parameters": {}, "region_id": SSF_REGION}),
+            (
+                "ros_preview_template",
+                {"template_url": path, "stack_name": "agui-ssf-preview", "parameters": {}, "region_id": SSF_REGION},
+            ),
+        ]
+        for tool, arguments in plan:
+            if tool not in calls:
+                return tool, arguments
+        conclusion = {
+            "status": "awaiting_confirmation",
+            "solution_summary": f"A VPC in {SSF_REGION} for the site. {carried}",
+            "parameter_overrides": {},
+            "missing_deployment_parameters": [],
+            "hard_constraint_checks": [],
+        }
+        return "complete_step", {"conclusion": conclusion}
+    if step == "deploying":
+        if "ros_deploy" not in calls:
+            path = _ssf_template_path(text)
+            arguments = {"action": "create", "stack_name": "agui-fake-ssf", "template_url": path}
+            return "ros_deploy", arguments | {"parameters": {}, "region_id": SSF_REGION}
+        if "complete_step" not in calls:
+            return "complete_step", {"conclusion": {"status": "failed"}}
+        return None
+    return None
+
+
+def _ssf_chosen_index(messages: list[dict[str, Any]]) -> int:
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    last = users[-1] if users else ""
+    for index, candidate in enumerate(SSF_CANDIDATES):
+        if candidate["name"] in last:
+            return index
+    found = re.search(r"\d+", last)
+    return int(found.group(0)) % len(SSF_CANDIDATES) if found else 0
 
 
 # the system prompt of the kernel's interrupt judge (iac_code/pipeline/engine/prompts/interrupt_judge.md)

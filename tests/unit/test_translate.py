@@ -270,3 +270,34 @@ def test_frame_reader_with_and_without_the_speedups(fast: bool, monkeypatch: pyt
 def frames_from_stdlib(raw: bytes) -> list[Any]:
     decoder = SSEDecoder()
     return [json.loads(p) for p in decoder.feed(raw) + decoder.close()]
+
+
+def test_deployment_confirmation_wait_without_an_input_becomes_an_interrupt() -> None:
+    """The real kernel sends selling_solution_first's deployment_confirmation wait with only its
+    pipeline envelope (tests/data/a2a-selling/15): the adapter builds the input from it, and the
+    answer is the structured ``{"action": ...}`` the kernel resolves without its LLM."""
+    import jsonschema
+
+    capture = DATA.parent / "a2a-selling" / "15-ssf-write-allowed-to-deployment-confirmation.jsonl"
+    infos = [inspect_frame(json.loads(line)) for line in capture.read_text(encoding="utf-8").splitlines()]
+    waiting = [info for info in infos if info.inputs]
+    assert [info.state for info in waiting] == ["input-required"]  # only the last frame, none while WORKING
+    [kernel_input] = waiting[0].inputs
+    envelope = waiting[0].iac["pipeline"]
+    assert kernel_input["inputId"] == f"input-{envelope['eventId']}"
+    assert (kernel_input["requestTaskId"], kernel_input["contextId"]) == (envelope["taskId"], envelope["contextId"])
+    assert kernel_input["deploymentSummary"]["template"] == "templates/1-oss-static-site.yml"
+    assert kernel_input["deploymentSummary"]["resources"][0]["name"] == "VPC"
+    interrupt = intr.build_interrupt(kernel_input, expires_at="2030-01-01T00:00:00Z", language="en")
+    assert (interrupt["reason"], interrupt["metadata"]["kind"]) == ("confirmation", "deployment_confirmation")
+    assert [o["id"] for o in interrupt["metadata"]["options"]] == ["confirm", "reselect", "cancel"]
+    assert interrupt["message"].startswith("Choose the next action\n- confirm: Confirm deployment")
+    jsonschema.validate({"selectedId": "confirm"}, interrupt["responseSchema"])
+    jsonschema.validate({"freeText": "deploy it"}, interrupt["responseSchema"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"selectedId": "adjust"}, interrupt["responseSchema"])
+    assert intr.answer_text(kernel_input, {"selectedId": "confirm"}) == '{"action": "confirm"}'
+    assert intr.answer_text(kernel_input, {"selectedId": "adjust"}) is None
+    assert intr.answer_text(kernel_input, {"freeText": "deploy it"}) == "deploy it"
+    # a frame without the wait (a WORKING frame of the same envelope kind) has no input
+    assert intr.confirmation_input({"pipeline": dict(envelope, eventType="step_completed")}) is None
