@@ -16,13 +16,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import messages as msg
@@ -40,7 +38,7 @@ from .run_machine import RunMachine
 from .store import RunLock, StoreError, ThreadStore
 from .translate import TERMINAL_STATES, inspect_frame
 from .validation import RunInput, request_digest
-from .workspace import allowed_roots, ensure_workspace, resolve_workspace
+from .workspace import Workspaces, ensure_workspace
 
 log = logging.getLogger("agui_adapter.runs")
 
@@ -97,14 +95,12 @@ class RunEngine:
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
         self._run_slots = threading.BoundedSemaphore(settings.max_runs)
+        self.workspaces = Workspaces(self._env, reserved=(store.root,))
         self.journals = JournalStore(
             store.root,
             retention_seconds=settings.replay_retention_seconds,
             buffer_bytes=settings.replay_buffer_bytes,
         )
-
-    def allowed_roots(self) -> list[Path]:
-        return allowed_roots(self._env, os.getcwd(), tempfile.gettempdir())
 
     # ================================================================== admission
     def admit(self, run_input: RunInput, language: str) -> Admission:
@@ -127,7 +123,7 @@ class RunEngine:
 
     def _admit(self, run_input: RunInput, language: str) -> Admission:
         props = run_input.props
-        cwd = resolve_workspace(props.cwd, self.allowed_roots(), reserved=(self.store.root,))
+        cwd = self.workspaces.resolve(props.cwd)
         if props.active_guidance:
             mode = Mode.GUIDANCE
         else:

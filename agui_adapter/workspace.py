@@ -11,6 +11,10 @@ busy and conflict checks, and leaves it behind):
 - :func:`resolve_workspace` checks and resolves, and creates nothing;
 - :func:`ensure_workspace` creates the directory, once the request is admitted.
 
+:class:`Workspaces` is the check a server makes on every run: the roots and the reserved
+directories resolved once a second rather than per request (resolving them is most of the
+check's cost), the client's path resolved every time.
+
 The adapter's own state directory is never a workspace, even under an allowed root (the
 default roots include the temp dir, where a state dir may well live): a workspace inside it,
 equal to it or containing it would let a tool call write next to, or over, the thread
@@ -26,13 +30,16 @@ still expanded, as the contract's examples and upstream allow.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agui_adapter import messages
 from agui_adapter.errors import AguiError, Code
 
-__all__ = ["CWD_FIELD", "ROOT_VARIABLES", "allowed_roots", "ensure_workspace", "resolve_workspace"]
+__all__ = ["CWD_FIELD", "ROOT_VARIABLES", "Workspaces", "allowed_roots", "ensure_workspace", "resolve_workspace"]
 
 #: The variables naming the allowed roots, by precedence (the first non-empty one wins).
 ROOT_VARIABLES = ("IAC_CODE_AGUI_ALLOWED_CWDS", "IACCODE_A2A_ALLOWED_CWDS")
@@ -85,6 +92,20 @@ def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] 
     the ``reserved`` directories (the adapter's state directory), lie inside one or contain
     one. Raises ``AguiError(Code.INVALID_INPUT, CWD_*)``.
     """
+    try:
+        resolved_roots = [Path(root).resolve(strict=False) for root in roots]
+        resolved_reserved = [_real(os.path.abspath(path)) for path in reserved]
+    except (OSError, RuntimeError, ValueError):
+        raise _invalid(messages.CWD_INVALID) from None
+    return _check(raw, resolved_roots, resolved_reserved)
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
+    """``resolve_workspace`` with ``roots`` and ``reserved`` resolved already."""
     if not isinstance(raw, str) or not raw:
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
     if "\x00" in raw:
@@ -95,14 +116,12 @@ def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] 
     if not os.path.isabs(expanded):
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
     try:
-        resolved = Path(os.path.normpath(expanded)).resolve(strict=False)
-        resolved_roots = [Path(root).resolve(strict=False) for root in roots]
-        resolved_reserved = [Path(os.path.abspath(path)).resolve(strict=False) for path in reserved]
+        resolved = _real(os.path.normpath(expanded))
     except (OSError, RuntimeError, ValueError):
         raise _invalid(messages.CWD_INVALID) from None
-    if not any(resolved == root or resolved.is_relative_to(root) for root in resolved_roots):
+    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
         raise _invalid(messages.CWD_OUTSIDE_ROOTS)
-    if any(_overlaps(resolved, path) for path in resolved_reserved):
+    if any(_overlaps(resolved, path) for path in reserved):
         raise _invalid(messages.CWD_STATE_DIR)
     try:
         # A symlink left in the resolved path could not be followed (a loop, say), and
@@ -117,6 +136,50 @@ def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] 
     except OSError:
         raise _invalid(messages.CWD_INVALID) from None
     return resolved
+
+
+class Workspaces:
+    """The workspace check of a server: ``resolve(raw)`` is ``resolve_workspace`` against
+    the roots of ``env`` (``allowed_roots``) and the ``reserved`` directories, both resolved
+    again at most every ``refresh_seconds`` (and when the process's directory changes), so
+    that a root created, removed or re-linked is seen within that time."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        reserved: Sequence[Path] = (),
+        *,
+        refresh_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._env = dict(env)
+        self._reserved = tuple(reserved)
+        self._refresh = refresh_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._known: tuple[float, tuple[str, str], list[Path], list[Path]] | None = None
+
+    def roots(self) -> list[Path]:
+        """The allowed roots, resolved (possibly none)."""
+        return self._resolved()[0]
+
+    def resolve(self, raw: str) -> Path:
+        roots, reserved = self._resolved()
+        return _check(raw, roots, reserved)
+
+    def _resolved(self) -> tuple[list[Path], list[Path]]:
+        now = self._clock()
+        where = (os.getcwd(), tempfile.gettempdir())
+        known = self._known
+        if known is None or now - known[0] >= self._refresh or known[1] != where:
+            roots = allowed_roots(self._env, *where)
+            try:
+                reserved = [_real(os.path.abspath(path)) for path in self._reserved]
+            except (OSError, RuntimeError, ValueError):
+                reserved = [Path(os.path.abspath(path)) for path in self._reserved]
+            with self._lock:
+                known = self._known = (now, where, roots, reserved)
+        return known[2], known[3]
 
 
 def ensure_workspace(path: Path) -> None:

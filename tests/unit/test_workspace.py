@@ -9,7 +9,7 @@ import pytest
 
 from agui_adapter import messages
 from agui_adapter.errors import AguiError
-from agui_adapter.workspace import allowed_roots, ensure_workspace, resolve_workspace
+from agui_adapter.workspace import Workspaces, allowed_roots, ensure_workspace, resolve_workspace
 
 
 @pytest.fixture
@@ -249,3 +249,46 @@ def test_ensure_without_permission_fails(root: Path) -> None:
         assert caught.value.message == messages.CWD_CANNOT_CREATE
     finally:
         locked.chmod(0o700)
+
+
+# --- Workspaces: the per-server check ------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_workspaces_see_a_root_created_later_within_the_refresh_time(tmp_path: Path) -> None:
+    late = tmp_path / "late"
+    clock = Clock()
+    workspaces = Workspaces({"IAC_CODE_AGUI_ALLOWED_CWDS": str(late)}, refresh_seconds=1.0, clock=clock)
+    with pytest.raises(AguiError) as caught:
+        workspaces.resolve(str(late / "ws"))
+    assert caught.value.message == messages.CWD_OUTSIDE_ROOTS
+    late.mkdir()
+    clock.now += 0.5  # the roots are still the ones resolved a moment ago
+    with pytest.raises(AguiError):
+        workspaces.resolve(str(late / "ws"))
+    clock.now += 0.5
+    assert workspaces.resolve(str(late / "ws")) == late.resolve() / "ws"
+
+
+def test_workspaces_refuse_what_resolve_workspace_refuses(tmp_path: Path) -> None:
+    root = (tmp_path / "root").resolve()
+    state = root / "state"
+    state.mkdir(parents=True)
+    (root / "file").write_text("x")
+    (root / "loop").symlink_to(root / "loop")
+    (root / "out").symlink_to(tmp_path, target_is_directory=True)
+    workspaces = Workspaces({"IAC_CODE_AGUI_ALLOWED_CWDS": str(root)}, reserved=(state,))
+    for raw in ("relative", str(state / "x"), str(root / "file" / "x"), str(root / "loop"), str(root / "out"), "/"):
+        with pytest.raises(AguiError) as fast:
+            workspaces.resolve(raw)
+        with pytest.raises(AguiError) as slow:
+            resolve_workspace(raw, [root], [state])
+        assert (fast.value.message, fast.value.params) == (slow.value.message, slow.value.params), raw
+    assert workspaces.resolve(str(root / "a" / ".." / "b")) == resolve_workspace(str(root / "b"), [root]) == root / "b"
