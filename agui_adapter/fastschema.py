@@ -37,25 +37,6 @@ Check = Callable[[Any], "Failure | None"]
 
 # Keywords that only annotate (they never make an instance invalid).
 _ANNOTATIONS = frozenset(("$schema", "$id", "$comment", "title", "description", "default", "examples"))
-_KNOWN = frozenset(
-    (
-        "type",
-        "required",
-        "properties",
-        "additionalProperties",
-        "items",
-        "const",
-        "enum",
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-        "propertyNames",
-        "not",
-        "pattern",
-    )
-)
-_SCALARS = (str, int, float, bool, type(None))
 
 #: How jsonschema's errors on one node are ordered, most fundamental first; keywords not
 #: listed come after these, by name.
@@ -71,6 +52,8 @@ KEYWORD_ORDER = (
     "maximum",
 )
 _RANK = {keyword: rank for rank, keyword in enumerate(KEYWORD_ORDER)}
+_KNOWN = frozenset((*KEYWORD_ORDER, "properties", "items", "propertyNames", "not", "pattern"))
+_SCALARS = (str, int, float, bool, type(None))
 
 
 class Unsupported(ValueError):

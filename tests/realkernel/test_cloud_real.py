@@ -178,9 +178,7 @@ def test_cost_steps_price_from_the_fake_cloud_and_ros_deploy_asks_after_sts(
     assert ends and ends[-1]["data"] == {"totalSteps": 5}
     resolved = [e for e in journal(real_kernel, task_id) if e["eventType"] == "permission_resolved"]
     assert [e["data"]["decision"] for e in resolved] == ["allow_once"]
-    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
-    assert_journal_delivered_once(real_kernel, runs)
-    official_check(runs, [{"selectedId": "1"}])
+    assert_clean_delivery(real_kernel, fake_aliyun, secret, runs)
 
 
 def test_ros_deploy_denied_through_resume_creates_nothing(
@@ -197,8 +195,14 @@ def test_ros_deploy_denied_through_resume_creates_nothing(
     assert conclusion["status"] == "failed" and "CreateStack" not in conclusion["error"]
     resolved = [e for e in journal(real_kernel, task_id) if e["eventType"] == "permission_resolved"]
     assert [e["data"]["decision"] for e in resolved] == ["deny"]
-    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
-    assert_journal_delivered_once(real_kernel, runs)
+    assert_clean_delivery(real_kernel, fake_aliyun, secret, runs)
+
+
+def assert_clean_delivery(kernel: RealKernel, cloud: FakeAliyun, secret: str, runs: list[RunResult]) -> None:
+    """What every cloud test ends with: no secret anywhere, every journal event delivered once,
+    and the official client finds no error in the runs' streams."""
+    assert_no_secret(kernel, cloud, secret, runs)
+    assert_journal_delivered_once(kernel, runs)
     official_check(runs, [{"selectedId": "1"}])
 
 

@@ -23,15 +23,13 @@ from tests.support.fake_llm import SSF_CANDIDATES, SSF_CONFIRM_WORDS, ssf_output
 from . import test_cloud_real as cloud
 from .harness import (
     RealKernel,
-    assert_journal_delivered_once,
     journal,
     llm_log,
-    official_check,
     only_interrupt,
     pipeline_events,
     step_names,
 )
-from .test_cloud_real import assert_no_secret, calls_since, cloud_body, describe, resume_with
+from .test_cloud_real import assert_clean_delivery, calls_since, cloud_body, describe, resume_with
 
 # the fake cloud, the kernel that uses it and a fake secret per test: the same fixtures as test_cloud_real
 fake_aliyun = cloud.fake_aliyun
@@ -138,9 +136,7 @@ def test_solution_first_runs_every_step_to_pipeline_completed(
     started = [name for run in runs for name in step_names(run, "STEP_STARTED")]
     finished = [name for run in runs for name in step_names(run, "STEP_FINISHED")]
     assert sorted(set(started)) == sorted(STEPS) and sorted(set(finished)) == sorted(STEPS)
-    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
-    assert_journal_delivered_once(real_kernel, runs)
-    official_check(runs, [{"selectedId": "1"}])
+    assert_clean_delivery(real_kernel, fake_aliyun, secret, runs)
 
 
 def test_cancelled_confirmation_ends_the_pipeline_early_without_deploying(
@@ -162,9 +158,7 @@ def test_cancelled_confirmation_ends_the_pipeline_early_without_deploying(
     assert handoff == "early_exit"
     done = [e["data"]["conclusion"] for e in events if e["eventType"] == "step_completed"]
     assert (done[-1]["status"], done[-1]["continue_pipeline"]) == ("cancelled", False)
-    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
-    assert_journal_delivered_once(real_kernel, runs)
-    official_check(runs, [{"selectedId": "1"}])
+    assert_clean_delivery(real_kernel, fake_aliyun, secret, runs)
 
 
 def test_reselect_rolls_back_to_the_planning_step_and_asks_again(
@@ -185,9 +179,7 @@ def test_reselect_rolls_back_to_the_planning_step_and_asks_again(
     runs.append(client.run(resume_with(body, secret, selection, {"selectedId": "0"})))
     write = only_interrupt(runs[-1])
     assert (write["metadata"]["toolName"], write["metadata"]["target"]) == ("write_file", ssf_output_path(0))
-    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
-    assert_journal_delivered_once(real_kernel, runs)
-    official_check(runs, [{"selectedId": "1"}])
+    assert_clean_delivery(real_kernel, fake_aliyun, secret, runs)
 
 
 def test_free_text_confirmation_goes_to_the_step_llm_and_a_denied_deploy_creates_nothing(
@@ -217,6 +209,4 @@ def test_free_text_confirmation_goes_to_the_step_llm_and_a_denied_deploy_creates
     assert calls_since(fake_aliyun, mark) == []
     done = [e for e in journal(real_kernel, task_id) if e["eventType"] == "step_completed"][-1]
     assert done["step"]["id"] == "deploying" and done["data"]["conclusion"]["status"] == "failed"
-    assert_no_secret(real_kernel, fake_aliyun, secret, runs)
-    assert_journal_delivered_once(real_kernel, runs)
-    official_check(runs, [{"selectedId": "1"}])
+    assert_clean_delivery(real_kernel, fake_aliyun, secret, runs)
