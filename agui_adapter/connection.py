@@ -40,6 +40,7 @@ log = logging.getLogger("agui_adapter.serving")  # the server's log, as before t
 
 RECV = 65536
 """Bytes asked of one ``recv``."""
+_LONGEST_POLL_MS = 2**31 - 1  # poll() takes a C int: a longer wait (a timeout of years) is cut to 24 days
 
 # connection states
 IDLE = "idle"  # waiting for the next request of a keep-alive connection
@@ -102,7 +103,7 @@ class Connection:
         if poller is None:
             poller = self._polls[events] = select.poll()
             poller.register(self.sock, events)
-        return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+        return bool(poller.poll(min(max(0, math.ceil(timeout * 1000)), _LONGEST_POLL_MS)))
 
     def send(self, data: bytes, timeout: float) -> None:
         """Write everything; a write that makes no progress for ``timeout`` seconds fails."""

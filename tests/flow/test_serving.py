@@ -212,6 +212,20 @@ def test_keep_alive_serves_many_requests_on_one_connection(serve: Serve) -> None
     conn.close()
 
 
+def test_timeouts_of_years_are_served_like_any_other(serve: Serve) -> None:
+    years = 1e12  # seconds: beyond what one poll() can wait (about 24 days), to which it is cut
+    server = serve(DemoApp(), keepalive_timeout=years, request_timeout=years, send_timeout=years)
+    conn = Conn(server.server_port)
+    conn.sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n")
+    time.sleep(0.05)  # the body comes later: the server waits for it
+    conn.sock.sendall(b"abc")
+    status, _, body = conn.response()
+    assert status == 200 and json.loads(body)["length"] == 3
+    conn.request("GET", "/health")
+    assert conn.response()[0] == 200
+    conn.close()
+
+
 def test_idle_keep_alive_connection_is_closed_after_the_timeout(serve: Serve) -> None:
     server = serve(DemoApp(), keepalive_timeout=0.5)
     conn = Conn(server.server_port)
