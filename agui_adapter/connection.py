@@ -5,7 +5,10 @@ application; this module is what one connection's thread does with its socket. E
 is bounded by the request's absolute deadline (a client that trickles its request byte by
 byte does not reset it, unlike a per-``recv`` timeout), every write by the send timeout
 (a client that stops reading is gone), and another thread can ``abort`` a connection to
-wake its owner out of either. ``RequestBody`` is ``wsgi.input``: exactly the request's
+wake its owner out of either. The socket is non-blocking: each call is made at once and
+``poll()`` waits only when it would block (a timed Python socket polls before every call and
+changes its timeout with an ``ioctl``: twice the system calls, each a hand-off of the GIL
+among the server's threads). ``RequestBody`` is ``wsgi.input``: exactly the request's
 body, decoded by the wire rules of ``http11.py``, then EOF; a failure is remembered so
 that the server answers it (408, 400) whatever the application does with it. ``Response``
 is the other way: ``start_response`` and every chunk written at once, framed as
