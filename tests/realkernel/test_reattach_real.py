@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.fake_llm import FakeLLM
 from tests.support.servers import AdapterProcess
 
-from .harness import Adapters, RealKernel, get_task, require_kernel_venv, thread_id, wait_task_state
+from .harness import Adapters, RealKernel, get_task, journal, require_kernel_venv, thread_id, wait_task_state
 
 SLOW_INTERVAL = 0.25
 SLOW_CHUNKS = 20
@@ -75,17 +74,6 @@ def reattach(route: str, steady: AdapterProcess, other: AdapterProcess, body: di
     if route == "get":
         return Client(steady.url).events(body["threadId"], body["runId"], after)
     return Client(other.url).reattach(body, after)
-
-
-def pipeline_journal(kernel: RealKernel, task_id: str) -> list[dict[str, Any]]:
-    """Every event of the real kernel's pipeline journal for ``task_id``."""
-    state = requests.get(
-        kernel.url + "/iac-code/pipeline/state",
-        params={"taskId": task_id, "afterSequence": 0, "includeSnapshot": "false"},
-        headers=kernel.headers(),
-        timeout=10,
-    ).json()
-    return list(state["events"])
 
 
 # ============================================================================ tests
@@ -208,7 +196,7 @@ def test_a_pipeline_left_mid_step_goes_on_detached_and_is_reattached_to_its_inte
     # every allowlisted event of the kernel's own pipeline journal reached the joined stream, once
     delivered = [e["value"]["eventId"] for e in events if e["type"] == "CUSTOM" and e["name"] == PIPELINE]
     assert len(delivered) == len(set(delivered))
-    wanted = {e["eventId"] for e in pipeline_journal(real_kernel, task_id) if e["eventType"] in CUSTOM_EVENT_TYPES}
+    wanted = {e["eventId"] for e in journal(real_kernel, task_id) if e["eventType"] in CUSTOM_EVENT_TYPES}
     assert set(delivered) == wanted
     # the interrupt reached while detached is on disk: the other process answers it
     props = body["forwardedProps"]["iacCode"]
