@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -156,7 +155,6 @@ class Workspaces:
         self._reserved = tuple(reserved)
         self._refresh = refresh_seconds
         self._clock = clock
-        self._lock = threading.Lock()
         self._known: tuple[float, tuple[str, str], list[Path], list[Path]] | None = None
 
     def roots(self) -> list[Path]:
@@ -177,8 +175,7 @@ class Workspaces:
                 reserved = [_real(os.path.abspath(path)) for path in self._reserved]
             except (OSError, RuntimeError, ValueError):
                 reserved = [Path(os.path.abspath(path)) for path in self._reserved]
-            with self._lock:
-                known = self._known = (now, where, roots, reserved)
+            known = self._known = (now, where, roots, reserved)  # one tuple, replaced whole
         return known[2], known[3]
 
 
