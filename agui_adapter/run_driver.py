@@ -71,6 +71,7 @@ ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
 DETACHED_TICK_SECONDS = 0.25
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
+_TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 #: Effects that start a kernel stream on a pump thread: starting that thread hands it the
 #: GIL while it makes the call, so what is decided (RUN_STARTED) is written first.
 _STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
@@ -109,6 +110,7 @@ class RunDriver:
         # reattach (``journal``): what was sent, who reads it, and the run without a reader
         self._journal: JournalWriter | None = None
         self._began = False
+        self._terminal_encoded = False
         self._detached = False
         self._abandon = threading.Event()
         # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)
@@ -276,6 +278,8 @@ class RunDriver:
             if before < 2 <= self._events:  # the first event after RUN_STARTED
                 self._metrics.first_event(time.monotonic() - self._admitted)
         chunk = ev.encode_many(out, before + 1)
+        if out and out[-1]["type"] in _TERMINAL:
+            self._terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
         if self._finish is not None:  # the final events: sum the run up before the client sees its end
             self._log_summary(self._bytes + len(chunk))
         return chunk
@@ -309,6 +313,9 @@ class RunDriver:
             log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
             self._journal = None
             journal.close()
+            return
+        if self._terminal_encoded:  # ended with the terminal event: a reader that has it gets 204 at once
+            self._journal_end()
 
     def _journal_end(self) -> None:
         journal, self._journal = self._journal, None

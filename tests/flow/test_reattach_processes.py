@@ -110,8 +110,12 @@ def test_kill_9_of_the_running_process_ends_the_other_process_reader_with_execut
     # a reattach after the loss: the journal has no end, its writer is gone: the same answer, at once
     again = Client(b.url).events(body["threadId"], body["runId"], seen[-1][0])
     started = time.monotonic()
-    assert [e for _, e in again.rest()][-1]["code"] == "EXECUTION_LOST"
+    again_pairs = again.rest()
+    assert again_pairs[-1][1]["code"] == "EXECUTION_LOST"
     assert time.monotonic() - started < 5
+    # the EventSource that got that made-up final event reconnects with its id: 204, it stops
+    done = Client(b.url).events(body["threadId"], body["runId"], again_pairs[-1][0])
+    assert done.status == 204 and done.rest() == []
     # and the thread is not left busy by the dead process's run
     nxt = Client(b.url).run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
     assert nxt.terminal["type"] == "RUN_FINISHED"
