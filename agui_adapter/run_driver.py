@@ -146,6 +146,7 @@ class RunDriver:
         A live run whose client left goes on detached when a grace period is set or other
         readers follow it; else it ends here."""
         token = RUN_IDS.set(self._ids)
+        self._watch = self._client_gone = None  # the connection may serve other requests now
         try:
             if self._detachable():
                 self._detach()
@@ -398,6 +399,8 @@ class RunDriver:
                 if now - unattended_since >= grace:
                     log.info("run %s: nobody reattached within %gs; ending it", self.run_id, grace)
                     self._abandon.set()
+                    if self._pump is not None:
+                        self._pump.wake()
         except Exception:  # noqa: BLE001 - a detached run must still end cleanly
             log.exception("run %s: the detached run failed", self.run_id)
         finally:
