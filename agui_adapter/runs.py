@@ -9,6 +9,10 @@ down before the first byte is sent. What the run then does is decided by
 Before any of that, a run takes one of the process's ``max_runs`` slots (turns, resumes
 and guidance alike), or is refused with ``SERVER_BUSY`` having touched nothing; the slot
 is given back when the run's body is closed. The count is per process.
+
+A new run on a thread held by a run of this process whose client has just hung up (a Stop,
+then the next message at once) waits a moment for that run to end and give the thread back,
+instead of being refused ``THREAD_BUSY`` (``_lock_after_leaving_run``).
 """
 
 from __future__ import annotations
