@@ -141,6 +141,20 @@ def test_with_the_kernel_silent_the_thread_is_free_within_a_second_of_the_abort(
     assert "agui_sse_clients_disconnected_total 1" in scrape
 
 
+def test_with_a_grace_period_it_starts_when_the_client_hangs_up(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path
+) -> None:
+    adapter = make_watched(disconnect_grace_seconds=1)  # heartbeat 15 s
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    stream = run_request(adapter, body)
+    task_id = stream.session()["taskId"]
+    left = stream.leave()
+    wait_for(lambda: task_id in cancelled_tasks(full_scale_kernel), 10)
+    waited = time.monotonic() - left
+    assert 0.9 <= waited < 3.0, waited  # the grace period, from the hang-up, not from a heartbeat
+    print(f"\ngrace 1 s: kernel task cancelled {waited:.3f}s after the abort")
+
+
 def test_bytes_pipelined_behind_the_request_are_not_a_hang_up(make_watched: Any, workspace: Path) -> None:
     adapter = make_watched(heartbeat_seconds=0.3)
     body = json.dumps(run_body("[SILENT 2] [TOOL] hi", cwd=str(workspace))).encode()
