@@ -13,6 +13,12 @@ body, decoded by the wire rules of ``http11.py``, then EOF; a failure is remembe
 that the server answers it (408, 400) whatever the application does with it. ``Response``
 is the other way: ``start_response`` and every chunk written at once, framed as
 ``http11.plan_response`` decides.
+
+While the application holds a request, it may ask whether the client hung up
+(``Connection.hung_up``, offered in the environ as ``CLIENT_GONE_KEY``): a stream that waits
+for its next event writes nothing, so without asking it would only learn of a client that left
+when a later write fails (a heartbeat interval or more). Asking never blocks and never reads:
+bytes the client pipelined behind its request are not a hang-up.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ log = logging.getLogger("agui_adapter.serving")  # the server's log, as before t
 RECV = 65536
 """Bytes asked of one ``recv``."""
 _LONGEST_POLL_MS = 2**31 - 1  # poll() takes a C int: a longer wait (a timeout of years) is cut to 24 days
+#: The environ key of ``Connection.hung_up`` (a call, no argument, True once the client left).
+CLIENT_GONE_KEY = "agui.client_gone"
+# Linux says "the peer closed its side" (POLLRDHUP) even with unread bytes in the buffer;
+# elsewhere a readable socket is peeked at: no bytes at all is the end of the stream.
+_RDHUP = getattr(select, "POLLRDHUP", 0)
+_HANGUP_EVENTS = select.POLLHUP | select.POLLERR | (_RDHUP or select.POLLIN)
 
 # connection states
 IDLE = "idle"  # waiting for the next request of a keep-alive connection
@@ -107,6 +119,33 @@ class Connection:
             poller = self._polls[events] = select.poll()
             poller.register(self.sock, events)
         return bool(poller.poll(min(max(0, math.ceil(timeout * 1000)), _LONGEST_POLL_MS)))
+
+    def hung_up(self) -> bool:
+        """Whether the client closed (or reset) the connection; never blocks, reads nothing,
+        and any thread may ask. Once it has, the connection is aborted, so the response's
+        next write fails at once."""
+        if self.aborted:
+            return True
+        poller = select.poll()  # its own (any thread may ask; one poll object is not shared)
+        try:
+            poller.register(self.sock, _HANGUP_EVENTS)
+        except (OSError, ValueError):  # closed meanwhile
+            return True
+        ready = poller.poll(0)
+        if not ready:
+            return False
+        mask = ready[0][1]
+        gone = bool(mask & (select.POLLHUP | select.POLLERR | _RDHUP))
+        if not gone and mask & select.POLLIN:  # no POLLRDHUP here: bytes, or the end?
+            try:
+                gone = not self.sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                gone = False
+            except OSError:
+                gone = True
+        if gone:
+            self.abort()
+        return gone
 
     def send(self, data: bytes, timeout: float) -> None:
         """Write everything; a write that makes no progress for ``timeout`` seconds fails."""

@@ -19,10 +19,12 @@ Layout, per run: ``<state>/journal/<thread key>/<run key>/``
   crash of the machine: the run it follows is gone too).
 * The run's end is the comment ``: end`` appended after its last event (readers stop
   there; it is never forwarded).
-* ``attach``: the reader generation and whether that reader is attached, rewritten in place
-  under an OS lock; the attached reader refreshes its mtime every second. A new reader
-  takes the next generation, and the older one (the run's own first client included)
-  ends its response: one attached reader per run.
+* ``readers/``: one file per reader attached now, the run's own client included, each
+  held under an OS lock by its reader (any process): any number of readers follow a run at
+  once, each from its own ``Last-Event-ID``, and none ends another. A reader that leaves
+  deletes its file; a file nobody holds locked is a reader whose process died, and counts
+  for nothing. The run's writer counts them (``JournalWriter.readers``) to know when the
+  last one left: that starts the disconnect grace period.
 * The writer holds an OS lock on the run's directory for the run's life: a directory
   without an end and without a holder is a run whose process died.
 
@@ -43,6 +45,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -54,12 +57,12 @@ log = logging.getLogger("agui_adapter.journal")
 
 END = b": end\n\n"
 _SEGMENT_SUFFIX = ".sse"
-_ATTACH = "attach"
+_READERS = "readers"
 _NEW, _NEW_LIFETIME = ".new-", 3600.0
-_ATTACHED, _DETACHED = "attached", "detached"
-#: An attached reader refreshes the attach file this often; one silent for STALE_READER is gone.
+#: How often a follower checks that the run's process is alive (and its client still there).
 READER_REFRESH_SECONDS = 1.0
-STALE_READER_SECONDS = 5.0
+#: How often a follower asks its server whether its client hung up (``client_gone``).
+CLIENT_CHECK_SECONDS = 0.2
 #: How often a reader looks for new events (readers poll: the writer may be another process).
 POLL_SECONDS = 0.05
 _READ_SIZE = 256 * 1024
@@ -90,43 +93,62 @@ def _segments(directory: Path) -> list[int]:
     return sorted(starts)
 
 
-# ====================================================================== attachment
-def _read_attach(directory: Path) -> tuple[int, str, float]:
-    """(generation, state, mtime) of the run's attach file; (0, detached, 0) if unreadable."""
-    try:
-        fd = os.open(directory / _ATTACH, os.O_RDONLY)
-    except OSError:
-        return 0, _DETACHED, 0.0
-    try:
-        text = os.read(fd, 64).decode("ascii", "replace").split()
-        mtime = os.fstat(fd).st_mtime
-    except OSError:
-        return 0, _DETACHED, 0.0
-    finally:
-        os.close(fd)
-    if len(text) != 2 or not text[0].isdigit():
-        return 0, _DETACHED, 0.0
-    return int(text[0]), text[1], mtime
-
-
-def _write_attach(directory: Path, change: object) -> int:
-    """Rewrite the attach file under its lock: ``change`` is "take" (the next generation,
-    attached) or a generation to mark detached if it is still the current one."""
-    fd = os.open(directory / _ATTACH, os.O_RDWR | os.O_CREAT, 0o600)
+# ====================================================================== readers
+def join_readers(directory: Path) -> tuple[int, Path]:
+    """Put a reader among the run's readers: a file held under an exclusive lock for as long
+    as the reader is attached (made under a hidden name and renamed once locked, so that a
+    counter never takes it for a dead reader's). The lock's fd and the file, for ``leave``."""
+    readers = directory / _READERS
+    readers.mkdir(mode=0o700, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=".", dir=readers)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").split()
-        generation = int(text[0]) if len(text) == 2 and text[0].isdigit() else 0
-        if change == "take":
-            generation, state = generation + 1, _ATTACHED
-        elif change == generation:
-            state = _DETACHED
-        else:
-            return generation
-        os.pwrite(fd, f"{generation:012d} {state:<8}\n".encode("ascii"), 0)
-        return generation
-    finally:
-        os.close(fd)  # releases the lock
+        path = readers / f"{os.getpid()}-{uuid.uuid4().hex}"
+        os.rename(temporary, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return fd, path
+
+
+def leave_readers(presence: tuple[int, Path] | None) -> None:
+    """Take a reader out of the run's readers (its file first, then its lock)."""
+    if presence is None:
+        return
+    fd, path = presence
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os.close(fd)
+
+
+def count_readers(directory: Path) -> int:
+    """How many readers are attached to the run now, in any process (the run's own client
+    included while it is there). A file whose lock nobody holds is a dead reader's: removed."""
+    try:
+        entries = list(os.scandir(directory / _READERS))
+    except OSError:
+        return 0
+    count = 0
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            continue  # left meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                count += 1
+            continue
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # nobody holds it: its process died
+            os.unlink(entry.path)
+    return count
 
 
 # ====================================================================== the store
@@ -163,7 +185,7 @@ class JournalStore:
                 if attempt == 2:
                     raise
                 continue
-            writer.directory = directory
+            writer.moved_to(directory)
             return writer
         raise AssertionError("unreachable")
 
@@ -174,6 +196,10 @@ class JournalStore:
         if not starts:
             raise RunNotFound(run_id)
         return JournalReader(directory, after, starts)
+
+    def readers(self, thread_id: str, run_id: str) -> int:
+        """How many clients follow the run now, in any process (its own client included)."""
+        return count_readers(self.run_dir(thread_id, run_id))
 
     # ------------------------------------------------------------------ retention
     def sweep(self, now: float | None = None) -> int:
@@ -256,11 +282,18 @@ class JournalWriter:
         self._buffer_bytes = buffer_bytes
         self._dir_fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(self._dir_fd, fcntl.LOCK_EX)
-        _write_attach(directory, "take")  # generation 1: the run's own client
+        self._own: tuple[int, Path] | None = join_readers(directory)  # the run's own client
         self._sizes: list[tuple[int, int]] = []  # (first id, bytes) per segment, oldest first
         self._fd: int | None = None
         self._open_segment(1)
         self._ended = False
+
+    def moved_to(self, directory: Path) -> None:
+        """The journal was renamed into place (``JournalStore.open_writer``)."""
+        self.directory = directory
+        if self._own is not None:
+            fd, path = self._own
+            self._own = (fd, directory / _READERS / path.name)
 
     def _open_segment(self, first_id: int) -> None:
         if self._fd is not None:
@@ -331,6 +364,7 @@ class JournalWriter:
 
     def close(self) -> None:
         """Stop writing (without an end mark if ``end`` was not called)."""
+        self.client_left()
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
@@ -338,18 +372,14 @@ class JournalWriter:
         if dir_fd is not None:
             os.close(dir_fd)  # releases the directory lock
 
-    def taken_over(self) -> bool:
-        """Whether a reader reattached since the run's own client started (generation 1)."""
-        return _read_attach(self.directory)[0] > 1
-
     def client_left(self) -> None:
-        """The run's own client went away (unless a reader took over already)."""
-        _write_attach(self.directory, 1)
+        """The run's own client went away: it is no longer among the run's readers."""
+        own, self._own = self._own, None
+        leave_readers(own)
 
-    def reader_attached(self) -> bool:
-        """Whether a reattached reader is there now (attached, and alive recently)."""
-        generation, state, mtime = _read_attach(self.directory)
-        return generation > 1 and state == _ATTACHED and time.time() - mtime < STALE_READER_SECONDS
+    def readers(self) -> int:
+        """How many readers are attached now, in any process (the run's own client included)."""
+        return count_readers(self.directory)
 
 
 # ====================================================================== reading
@@ -369,24 +399,32 @@ class JournalReader:
         except FileNotFoundError:  # deleted since it was listed
             raise ReplayUnavailable(after) from None
         self._partial = b""
+        self._held = b""  # frames read ahead by ``nothing_left``
         self.ended = False
-        self.generation = 0
+        self.newest = 0  # the highest id the journal was seen to hold
+        self._presence: tuple[int, Path] | None = None
 
     def attach(self) -> None:
-        """Take the run over: older readers (its own first client included) end."""
-        self.generation = _write_attach(self.directory, "take")
-
-    def still_attached(self) -> bool:
-        return _read_attach(self.directory)[0] == self.generation
-
-    def refresh(self) -> None:
-        """Tell the run's writer this reader is alive (the attach file's mtime)."""
-        with contextlib.suppress(OSError):
-            os.utime(self.directory / _ATTACH)
+        """Join the run's readers (no other reader ends: any number follow a run at once)."""
+        if self._presence is None:
+            self._presence = join_readers(self.directory)
 
     def detach(self) -> None:
-        with contextlib.suppress(OSError):
-            _write_attach(self.directory, self.generation)
+        """Leave the run's readers (the last one out starts the run's grace period)."""
+        presence, self._presence = self._presence, None
+        leave_readers(presence)
+
+    def nothing_left(self) -> bool:
+        """Whether the reader already has all of the run: it ended and no event follows
+        ``after``, or its process died and the reader had the final event made up for that
+        (``after`` past the journal's last id). Reads ahead (the next ``read`` returns it)."""
+        data = self.read()
+        self._held = data
+        if data:
+            return False
+        if self.ended:
+            return True
+        return self.after > self.newest and not self.writer_alive()
 
     def writer_alive(self) -> bool:
         return writer_alive(self.directory)
@@ -394,7 +432,8 @@ class JournalReader:
     def read(self) -> bytes:
         """The complete frames appended since the last call, after ``last_id``; sets
         ``ended`` at the end mark. ReplayUnavailable if events fell out meanwhile."""
-        out: list[bytes] = []
+        out: list[bytes] = [self._held] if self._held else []
+        self._held = b""
         while self._fd is not None and not self.ended:
             data = self._drain()
             if data:
@@ -436,6 +475,8 @@ class JournalReader:
             if frame.startswith(b"id: "):
                 newline = frame.find(b"\n")
                 frame_id = int(frame[4:newline])
+                if frame_id > self.newest:
+                    self.newest = frame_id
                 if frame_id > self.last_id:
                     self.last_id = frame_id
                     out.append(frame + b"\n\n")
@@ -444,6 +485,7 @@ class JournalReader:
                 return
 
     def close(self) -> None:
+        self.detach()
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
@@ -513,15 +555,17 @@ def follow(
     heartbeat_seconds: float,
     lost: Callable[[int], bytes] | None = None,
     poll_seconds: float = POLL_SECONDS,
+    client_gone: Callable[[], bool] | None = None,
 ) -> Iterator[bytes]:
     """The chunks a reattached client is sent: the journal after its id, then the run's
     new events as they come (one chunk per poll that found some), a heartbeat while the
-    run is silent, until the run's end, a newer reader taking over, or the run's process
-    dying without an end (then ``lost(next id)``, a final event, if given). A reader so
-    slow that the events it needs fell out of the journal meanwhile just ends: its client's
-    next reattach is answered ``REPLAY_UNAVAILABLE``."""
+    run is silent, until the run's end, its client hanging up (``client_gone``, asked every
+    ``CLIENT_CHECK_SECONDS`` when the server offers it), or the run's process dying without
+    an end (then ``lost(next id)``, a final event, if given). A reader so slow that the
+    events it needs fell out of the journal meanwhile just ends: its client's next reattach
+    is answered ``REPLAY_UNAVAILABLE``."""
     now = time.monotonic()
-    last_write = next_refresh = now
+    last_write = next_refresh = next_client_check = now
     try:
         while True:
             data = reader.read()
@@ -531,11 +575,12 @@ def follow(
                 yield data
             if reader.ended:
                 return
+            if client_gone is not None and now >= next_client_check:
+                next_client_check = now + CLIENT_CHECK_SECONDS
+                if client_gone():
+                    return  # the client hung up: closing the response detaches the reader
             if now >= next_refresh:
                 next_refresh = now + READER_REFRESH_SECONDS
-                if not reader.still_attached():
-                    return  # a newer reader took over
-                reader.refresh()
                 if not data and not reader.writer_alive():
                     data = reader.read()  # the last appends before the process went
                     if data:

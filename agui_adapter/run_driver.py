@@ -16,11 +16,18 @@ the same way) and through ``release_now``, by which the cancel extension frees t
 thread at once even while this run's writer is blocked on a client that stopped reading.
 
 Every chunk the run writes (heartbeats aside) is also appended to the run's journal
-(``journal``), each event numbered by its SSE ``id``, so that a client can reattach. When
-the client goes away and a disconnect grace period is set, or when a reattached reader took
-the run over (seen on the idle ticks between heartbeats), ``close()`` does not end the run:
-it goes on, on a thread of its own, into its journal, until it ends or nobody has been
-attached for the grace period (the machine's ``abandoned``).
+(``journal``), each event numbered by its SSE ``id``, so that a client can reattach; any
+number of readers follow the journal at once, the run's own client among them. When the
+client goes away and a disconnect grace period is set, or while other readers still follow
+the run, ``close()`` does not end the run: it goes on, on a thread of its own, into its
+journal, until it ends or nobody has been attached for the grace period (counted from the
+last reader leaving; the machine's ``abandoned``).
+
+A client that hangs up is noticed while the run waits for its next event, not only when a
+write fails: when the server offers it (the built-in server's ``agui.client_gone``), the
+stream asks on every idle tick whether its client is still there, and ends as on a
+disconnect within a fraction of a second. Under other servers the next write tells
+(a heartbeat at the latest).
 
 What operators see of a run is counted here too, cheaply: events and bytes per written
 chunk (one add each, never per event), the time to the first event after RUN_STARTED,
@@ -58,11 +65,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agui_adapter.run")
 
-#: How often an idle run wakes up: to see whether a reattached reader took it over, and,
-#: detached, whether its grace period is over (heartbeats still go every heartbeat_seconds).
+#: How often an idle run wakes up: watched by its server, to ask whether its client hung up;
+#: detached, to see whether its grace period is over (heartbeats go every heartbeat_seconds).
 ATTACHED_TICK_SECONDS = 0.5
+WATCHED_TICK_SECONDS = 0.2
 DETACHED_TICK_SECONDS = 0.25
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
+_TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 #: Effects that start a kernel stream on a pump thread: starting that thread hands it the
 #: GIL while it makes the call, so what is decided (RUN_STARTED) is written first.
 _STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
@@ -71,7 +80,13 @@ _STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
 class RunDriver:
     """One run's stream; lives on the WSGI worker thread (plus one pump thread)."""
 
-    def __init__(self, engine: RunEngine, admission: Admission, machine: RunMachine) -> None:
+    def __init__(
+        self,
+        engine: RunEngine,
+        admission: Admission,
+        machine: RunMachine,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> None:
         self.engine = engine
         self.kernel = engine.kernel
         self.thread_id = admission.thread_id
@@ -95,11 +110,15 @@ class RunDriver:
         # reattach (``journal``): what was sent, who reads it, and the run without a reader
         self._journal: JournalWriter | None = None
         self._began = False
+        self._terminal_encoded = False
         self._detached = False
-        self._taken_over = False
-        self._next_check = 0.0
         self._abandon = threading.Event()
-        self._tick = min(ATTACHED_TICK_SECONDS, engine.settings.heartbeat_seconds)
+        # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)
+        self._client_gone = client_gone
+        self._watch = client_gone  # kept for ``hung_up_now`` once the stream stopped asking
+        self._next_check = 0.0
+        tick = WATCHED_TICK_SECONDS if client_gone is not None else ATTACHED_TICK_SECONDS
+        self._tick = min(tick, engine.settings.heartbeat_seconds)
 
     # ------------------------------------------------------------------ WSGI iterable
     def __iter__(self) -> RunDriver:
@@ -110,8 +129,8 @@ class RunDriver:
         token = RUN_IDS.set(self._ids)
         try:
             while True:
-                if self._superseded():
-                    raise StopIteration  # a reattached reader has the run now (``close`` detaches it)
+                if self._hung_up():
+                    raise StopIteration  # the client left: ``close`` ends the run, or detaches it
                 chunk = next(self._body)
                 if chunk is not _IDLE:
                     break
@@ -123,10 +142,11 @@ class RunDriver:
         return chunk
 
     def close(self) -> None:
-        """End of the response: the client left, a reattach took the run over, the server
-        closed it, or the run is over. A live run whose client left goes on detached when
-        a grace period is set or a reader took over; else it ends here."""
+        """End of the response: the client left, the server closed it, or the run is over.
+        A live run whose client left goes on detached when a grace period is set or other
+        readers follow it; else it ends here."""
         token = RUN_IDS.set(self._ids)
+        self._watch = self._client_gone = None  # the connection may serve other requests now
         try:
             if self._detachable():
                 self._detach()
@@ -229,6 +249,8 @@ class RunDriver:
             if out:
                 last_write = time.monotonic()
                 yield self._encode(out)
+            else:
+                yield _IDLE  # woken for nothing to write: ``__next__`` looks at the client
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order; events go to ``out`` (written by the caller), except
@@ -257,6 +279,8 @@ class RunDriver:
             if before < 2 <= self._events:  # the first event after RUN_STARTED
                 self._metrics.first_event(time.monotonic() - self._admitted)
         chunk = ev.encode_many(out, before + 1)
+        if out and out[-1]["type"] in _TERMINAL:
+            self._terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
         if self._finish is not None:  # the final events: sum the run up before the client sees its end
             self._log_summary(self._bytes + len(chunk))
         return chunk
@@ -290,6 +314,9 @@ class RunDriver:
             log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
             self._journal = None
             journal.close()
+            return
+        if self._terminal_encoded:  # ended with the terminal event: a reader that has it gets 204 at once
+            self._journal_end()
 
     def _journal_end(self) -> None:
         journal, self._journal = self._journal, None
@@ -299,46 +326,42 @@ class RunDriver:
             except OSError as exc:
                 log.warning("run %s: could not end its journal: %s", self.run_id, exc)
 
-    def _superseded(self) -> bool:
-        """Whether a reattached reader took the run over (checked every tick at most)."""
-        journal = self._journal
-        if journal is None or self._taken_over:
-            return self._taken_over
+    def _hung_up(self) -> bool:
+        """Whether the server says the client hung up (asked once a tick at most)."""
+        client_gone = self._client_gone
+        if client_gone is None:
+            return False
         now = time.monotonic()
         if now < self._next_check:
             return False
         self._next_check = now + self._tick
-        try:
-            self._taken_over = journal.taken_over()
-        except OSError:
+        if not client_gone():
             return False
-        if self._taken_over:
-            log.info("run %s: a reattached client took the run over", self.run_id)
-        return self._taken_over
+        self._client_gone = None
+        log.info("run %s: the client hung up", self.run_id)
+        return True
 
     def _detachable(self) -> bool:
-        return (
-            self._began
-            and not self.machine.ended
-            and not self._shutdown.is_set()
-            and self._journal is not None
-            and (self._taken_over or self.engine.settings.disconnect_grace_seconds > 0)
-        )
+        """Whether the run goes on without its own client (which leaves the readers here)."""
+        if not (self._began and not self.machine.ended and not self._shutdown.is_set() and self._journal):
+            return False
+        try:
+            self._journal.client_left()
+            if self.engine.settings.disconnect_grace_seconds > 0:
+                return True
+            return self._journal.readers() > 0
+        except OSError as exc:
+            log.warning("run %s: journal readers: %s", self.run_id, exc)
+            return self.engine.settings.disconnect_grace_seconds > 0
 
     def _detach(self) -> None:
         """The run goes on without its client, on a thread of its own, into its journal."""
-        if not self._taken_over:
-            self._metrics.client_disconnected()
-            assert self._journal is not None
-            try:
-                self._journal.client_left()
-            except OSError as exc:
-                log.warning("run %s: journal attach state: %s", self.run_id, exc)
-            log.info(
-                "run %s: the client went away; the run goes on for %gs unless a client reattaches",
-                self.run_id,
-                self.engine.settings.disconnect_grace_seconds,
-            )
+        self._metrics.client_disconnected()
+        log.info(
+            "run %s: the client went away; the run goes on while readers follow it, and %gs after the last left",
+            self.run_id,
+            self.engine.settings.disconnect_grace_seconds,
+        )
         self._detached = True
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
         context = contextvars.copy_context()  # the request's id stays on the run's log lines
@@ -349,7 +372,8 @@ class RunDriver:
 
     def _go_on_detached(self) -> None:
         """Read the kernel into the journal until the run ends, or until nobody has been
-        attached for the grace period (then the machine's ``abandoned``)."""
+        attached for the grace period (then the machine's ``abandoned``); with no grace
+        period, until the last reader leaves."""
         token = RUN_IDS.set(self._ids)
         grace = self.engine.settings.disconnect_grace_seconds
         unattended_since: float | None = None
@@ -363,7 +387,11 @@ class RunDriver:
                     continue
                 next_check = now + DETACHED_TICK_SECONDS
                 journal = self._journal
-                if journal is not None and journal.reader_attached():
+                try:
+                    followed = journal is not None and journal.readers() > 0
+                except OSError:
+                    followed = False
+                if followed:
                     unattended_since = None
                     continue
                 if unattended_since is None:
@@ -371,6 +399,8 @@ class RunDriver:
                 if now - unattended_since >= grace:
                     log.info("run %s: nobody reattached within %gs; ending it", self.run_id, grace)
                     self._abandon.set()
+                    if self._pump is not None:
+                        self._pump.wake()
         except Exception:  # noqa: BLE001 - a detached run must still end cleanly
             log.exception("run %s: the detached run failed", self.run_id)
         finally:
@@ -497,6 +527,22 @@ class RunDriver:
                 log.warning("thread %s: could not retire an abandoned execution: %s", thread_id, exc)
 
         return cancel_and_retire
+
+    @property
+    def holds_thread(self) -> bool:
+        """Whether the run still holds its thread's run lock."""
+        return self._run_lock is not None
+
+    def hung_up_now(self) -> bool:
+        """From another thread: whether this run's client hung up (the server's word, when it
+        offers one); if so the run is woken to end as on a disconnect."""
+        watch = self._watch
+        if watch is None or self.machine.ended or not watch():
+            return False
+        pump = self._pump
+        if pump is not None:
+            pump.wake()
+        return True
 
     def release_now(self) -> None:
         """From another thread: give the thread back at once, whatever the writer is blocked on

@@ -9,6 +9,10 @@ down before the first byte is sent. What the run then does is decided by
 Before any of that, a run takes one of the process's ``max_runs`` slots (turns, resumes
 and guidance alike), or is refused with ``SERVER_BUSY`` having touched nothing; the slot
 is given back when the run's body is closed. The count is per process.
+
+A new run on a thread held by a run of this process whose client has just hung up (a Stop,
+then the next message at once) waits a moment for that run to end and give the thread back,
+instead of being refused ``THREAD_BUSY`` (``_lock_after_leaving_run``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ log = logging.getLogger("agui_adapter.runs")
 
 #: What a run refused with SERVER_BUSY is told to wait (``Retry-After``, seconds).
 RETRY_AFTER_SECONDS = 2
+#: How long a new run on a busy thread waits for the run holding it when that run's client
+#: has just hung up (it is ending and giving the thread back), before THREAD_BUSY.
+LEAVING_RUN_WAIT_SECONDS = 2.0
 
 
 def context_id_for(thread_id: str) -> str:
@@ -135,6 +142,8 @@ class RunEngine:
         thread_id = run_input.thread_id
         try:
             run_lock = None if mode is Mode.GUIDANCE else self.store.try_lock_run(thread_id)
+            if run_lock is None and mode is not Mode.GUIDANCE:
+                run_lock = self._lock_after_leaving_run(thread_id)
         except StoreError as exc:
             log.error("thread %s: %s", thread_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
@@ -174,6 +183,27 @@ class RunEngine:
                 raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
             raise
         return Admission(run_input, language, record, run_lock, mode, parts=parts, stale_task_id=stale_task_id)
+
+    def _lock_after_leaving_run(self, thread_id: str) -> RunLock | None:
+        """The thread's run lock, when the run holding it here is one whose client just hung
+        up (a Stop, then a new message at once): that run ends and gives the thread back
+        within moments, so the new run waits for it rather than being refused THREAD_BUSY.
+        None at once when the holder's client is still there (or it runs in another process),
+        or when the holder would go on without its client (a grace period, other readers)."""
+        if self.settings.disconnect_grace_seconds > 0:
+            return None
+        with self._live_lock:
+            holders = [d for d in self._live if d.thread_id == thread_id and d.holds_thread]
+        if not any([d.hung_up_now() for d in holders]):
+            return None
+        deadline = time.monotonic() + LEAVING_RUN_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            run_lock = self.store.try_lock_run(thread_id)
+            if run_lock is not None:
+                log.info("thread %s: the run holding it ended as its client left; admitting the next", thread_id)
+                return run_lock
+        return None
 
     def _check_admission(
         self,
@@ -219,15 +249,17 @@ class RunEngine:
 
     # ================================================================== reattach
     def reattach(
-        self, thread_id: str, run_id: str, after: int, digest: str | None = None, *, take_over: bool = True
+        self, thread_id: str, run_id: str, after: int, digest: str | None = None, *, attach: bool = True
     ) -> JournalReader | None:
-        """A reader of the run's events after id ``after``, attached (an older reader ends).
+        """A reader of the run's events after id ``after``, attached among the run's readers
+        (any number follow a run at once; none ends another).
 
         With ``digest`` (``POST /`` with ``Last-Event-ID``): None when the thread never saw
         that run id (the request is then a new run, the header ignored), RUN_ID_CONFLICT
         when the run had another body. RUN_NOT_FOUND for a run whose journal is gone or
         never was; REPLAY_UNAVAILABLE when the events after ``after`` fell out of it.
-        Without ``take_over`` (a HEAD) the reader is not attached.
+        Without ``attach`` (a HEAD, or a look before answering 204) the reader is not attached:
+        ``attach_reader`` does it.
         """
         if digest is not None:
             try:
@@ -249,8 +281,13 @@ class RunEngine:
         except OSError as exc:
             log.error("run %s: journal unreadable: %s", run_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
-        if not take_over:  # only a look (HEAD): the attached reader keeps the run
+        if not attach:
             return reader
+        self.attach_reader(thread_id, run_id, reader)
+        return reader
+
+    def attach_reader(self, thread_id: str, run_id: str, reader: JournalReader) -> None:
+        """Count the reader among the run's readers (the run goes on while one follows it)."""
         try:
             reader.attach()
         except OSError as exc:
@@ -258,12 +295,12 @@ class RunEngine:
             log.error("run %s: journal unreadable: %s", run_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
         self.metrics.reattached()
-        log.info("run %s on thread %s reattached after event %d", run_id, thread_id, after)
-        return reader
+        log.info("run %s on thread %s reattached after event %d", run_id, thread_id, reader.after)
 
     # ================================================================== streaming
-    def stream(self, admission: Admission) -> RunDriver:
-        """The SSE body of an admitted run (a WSGI iterable with ``close()``)."""
+    def stream(self, admission: Admission, client_gone: Callable[[], bool] | None = None) -> RunDriver:
+        """The SSE body of an admitted run (a WSGI iterable with ``close()``); ``client_gone``,
+        when the server offers it, tells the run its client hung up while it waits."""
         machine = RunMachine(
             admission.run_input,
             mode=admission.mode,
@@ -273,7 +310,7 @@ class RunEngine:
             interrupt_ttl_seconds=self.settings.interrupt_ttl_seconds,
             stale_task_id=admission.stale_task_id,
         )
-        driver = RunDriver(self, admission, machine)
+        driver = RunDriver(self, admission, machine, client_gone)
         with self._live_lock:
             self._live.add(driver)
         self.metrics.run_opened()

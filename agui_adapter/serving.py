@@ -27,7 +27,9 @@ serves its requests in turn; an SSE stream holds its thread. Every chunk the app
 yields is written at once (``TCP_NODELAY``, no buffering), so heartbeats and deltas leave
 when they are produced, and a write that fails (the client went away) or cannot make
 progress for ``send_timeout`` seconds ends the response: the WSGI iterable's ``close()``
-always runs, which is how the application notices a client that left.
+always runs, which is how the application notices a client that left. A stream that writes
+nothing while it waits need not wait for a write to fail: the environ's ``agui.client_gone``
+(``connection.CLIENT_GONE_KEY``) tells it, without blocking, that the client hung up.
 
 Framing: responses with a ``Content-Length`` keep the connection alive (``/health``, JSON
 errors, cancel); a response without one is chunked on HTTP/1.1 (closed on HTTP/1.0);
@@ -59,6 +61,7 @@ from urllib.parse import unquote_to_bytes
 
 from .connection import (
     ACTIVE,
+    CLIENT_GONE_KEY,
     IDLE,
     READING,
     RECV,
@@ -427,6 +430,7 @@ class WSGIServer:
                 "REMOTE_ADDR": peer[0] if isinstance(peer, tuple) else "",
                 "REMOTE_PORT": str(peer[1]) if isinstance(peer, tuple) else "",
                 "wsgi.input": body,
+                CLIENT_GONE_KEY: conn.hung_up,
             }
         )
         for name, value in req.headers:

@@ -44,9 +44,10 @@ from . import PROTOCOL_VERSION, __version__, console_page
 from . import events as ev
 from . import messages as msg
 from .a2a import KernelClient
+from .connection import CLIENT_GONE_KEY
 from .errors import AguiError, Code
 from .i18n import negotiate_language, translate
-from .journal import JournalReader, follow
+from .journal import JournalReader, ReplayUnavailable, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .runs import RunEngine
 from .validation import (
@@ -463,6 +464,7 @@ class AguiApp:
                 "serverVersion": __version__,
                 "protocolVersion": PROTOCOL_VERSION,
                 "reattach": True,
+                "readers": "many",
                 "disconnectGraceSeconds": self.engine.settings.disconnect_grace_seconds,
                 "replayRetentionSeconds": self.engine.settings.replay_retention_seconds,
             },
@@ -508,7 +510,7 @@ class AguiApp:
                 digest = request_digest(run_input.raw)
                 reader = self.engine.reattach(run_input.thread_id, run_input.run_id, after, digest)
                 if reader is not None:
-                    return self._replay(start_response, reader, language)
+                    return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
@@ -517,7 +519,7 @@ class AguiApp:
         log.info(
             "run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode.value, extra=ids
         )
-        body = self.engine.stream(admission)
+        body = self.engine.stream(admission, environ.get(CLIENT_GONE_KEY))
         try:
             start_response("200 OK", list(SSE_HEADERS))
         except BaseException:
@@ -529,19 +531,40 @@ class AguiApp:
         self, environ: dict[str, Any], start_response: StartResponse, language: str, thread_id: str, run_id: str
     ) -> Iterable[bytes]:
         """``GET /threads/{threadId}/runs/{runId}/events``: the run's stream from the event
-        after ``Last-Event-ID`` (from its first event without one), then live."""
+        after ``Last-Event-ID`` (from its first event without one), then live, followed by
+        any number of readers at once. 204 when the reader already has all of an ended run
+        (what stops a browser's ``EventSource`` from reconnecting)."""
         self._check_auth(environ)
         self._check_accept(environ)
         after = last_event_id(environ) or 0
-        if environ.get("REQUEST_METHOD") == "HEAD":  # the same answer, without taking the run over
-            reader = self.engine.reattach(thread_id, run_id, after, take_over=False)
-            assert reader is not None
+        reader = self.engine.reattach(thread_id, run_id, after, attach=False)
+        assert reader is not None
+        try:
+            nothing_left = reader.nothing_left()
+        except ReplayUnavailable:
             reader.close()
-            start_response("200 OK", list(SSE_HEADERS))
+            raise AguiError(Code.REPLAY_UNAVAILABLE, msg.REPLAY_UNAVAILABLE) from None
+        except OSError as exc:
+            reader.close()
+            log.error("run %s: journal unreadable: %s", run_id, exc)
+            raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        if nothing_left or environ.get("REQUEST_METHOD") == "HEAD":  # HEAD: the same answer, no reader
+            reader.close()
+            if nothing_left:
+                start_response("204 No Content", [("Cache-Control", "no-store")])
+            else:
+                start_response("200 OK", list(SSE_HEADERS))
             return []
-        return self._replay(start_response, self.engine.reattach(thread_id, run_id, after), language)
+        self.engine.attach_reader(thread_id, run_id, reader)
+        return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
 
-    def _replay(self, start_response: StartResponse, reader: JournalReader | None, language: str) -> Iterable[bytes]:
+    def _replay(
+        self,
+        start_response: StartResponse,
+        reader: JournalReader | None,
+        language: str,
+        client_gone: Callable[[], bool] | None = None,
+    ) -> Iterable[bytes]:
         assert reader is not None
         message = translate(language, msg.RUN_PROCESS_GONE)
 
@@ -550,7 +573,8 @@ class AguiApp:
             closing = reader.closing_events(ts)  # the spans the dead process left open
             return ev.encode_many([*closing, ev.run_error(ts, Code.EXECUTION_LOST, message)], next_id)
 
-        chunks = follow(reader, heartbeat_seconds=self.engine.settings.heartbeat_seconds, lost=lost)
+        heartbeat = self.engine.settings.heartbeat_seconds
+        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client_gone=client_gone)
         body = Replay(reader, chunks)
         try:
             start_response("200 OK", list(SSE_HEADERS))

@@ -344,3 +344,38 @@ def test_reattach_after_a_disconnect_gets_exactly_the_rest_even_on_another_worke
     assert task_id not in {r["params"].get("id") for r in list(scripted_kernel.requests) if r["method"] == "CancelTask"}
     # after the end, from whichever worker: the whole run from its first event
     assert [e for _, e in Client(server.url).events(body["threadId"], body["runId"]).rest()] == events
+
+
+# ============================================================================ several readers (issue 20)
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: Any, scripted_kernel: Any) -> Iterator[Server]:
+    """gunicorn ``-w 2``, no grace period (the default), JSON logs (the readers' pids)."""
+    srv = _serve("gunicorn", tmp_path_factory, scripted_kernel, 2, {"IAC_CODE_AGUI_LOG_FORMAT": "json"})
+    yield srv
+    srv.stop()
+
+
+def test_readers_on_both_workers_follow_one_run_after_its_own_client_left(
+    two_workers: Server, scripted_kernel: Any
+) -> None:
+    server = two_workers
+    body = run_body("[SILENT 60] [TOOL] [SLOW] go", cwd=str(server.workspace))  # 3 s of silence first
+    own = LiveStream(Client(server.url), body)
+    task_id = own.session()["taskId"]
+    seen = own.read_events(2)
+    state = server.log_path.parent / "state"
+    writer = _lock_holder(state / "journal" / thread_key(body["threadId"]) / thread_key(body["runId"]))
+    readers: list[Any] = []
+    for attempt in range(1, 21):  # new connections until a reader is served by the other worker
+        readers.append(Client(server.url).events(body["threadId"], body["runId"], seen[-1][0] if attempt % 2 else 0))
+        assert readers[-1].status == 200, readers[-1].response.text
+        if any(pid != writer for pid in _reattach_pids(server, body["runId"])):
+            break
+    else:
+        raise AssertionError(f"20 readers all reached the run's own worker {writer}")
+    own.close()  # no grace period, but readers (one in the other worker) still follow the run
+    for number, reader in enumerate(readers, 1):
+        pieces = reader.rest()
+        events = joined(seen, pieces) if number % 2 else joined(pieces)
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, server.log()
+    assert task_id not in {r["params"].get("id") for r in list(scripted_kernel.requests) if r["method"] == "CancelTask"}

@@ -1,4 +1,4 @@
-"""The run journal (``journal.py``) on a real directory: segments, bounds, readers, takeover,
+"""The run journal (``journal.py``) on a real directory: segments, bounds, readers (any number),
 the writer's liveness and retention. The HTTP side is in tests/flow/test_reattach.py."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from agui_adapter.journal import (
     ReplayUnavailable,
     RunNotFound,
     follow,
+    join_readers,
     writer_alive,
 )
 
@@ -106,37 +107,64 @@ def test_hostile_ids_stay_inside_the_journal_directory(store: JournalStore, tmp_
     assert ids(store.open_reader("../../etc", "../../../x", 0).read()) == [1]
 
 
-def test_the_writer_holds_the_run_and_readers_take_it_over(store: JournalStore) -> None:
+def test_any_number_of_readers_follow_a_run_and_the_writer_counts_them(store: JournalStore) -> None:
     writer = store.open_writer("t", "r")
     directory = store.run_dir("t", "r")
-    assert writer_alive(directory) and not writer.taken_over() and not writer.reader_attached()
+    assert writer_alive(directory) and writer.readers() == 1  # the run's own client
+    writer.append(chunk(1, 2), 3)
     first = store.open_reader("t", "r", 0)
     first.attach()
-    assert writer.taken_over() and writer.reader_attached() and first.still_attached()
-    second = store.open_reader("t", "r", 0)
+    second = store.open_reader("t", "r", 1)
     second.attach()
-    assert not first.still_attached() and second.still_attached()
-    first.detach()  # an older reader leaving does not detach the newer one
-    assert writer.reader_attached()
-    second.detach()
-    assert not writer.reader_attached()
+    assert writer.readers() == 3 and store.readers("t", "r") == 3
+    writer.client_left()
+    assert writer.readers() == 2
+    writer.append(chunk(3, 1), 4)
+    assert ids(first.read()) == [1, 2, 3] and ids(second.read()) == [2, 3]  # none ends another
+    first.detach()
+    assert writer.readers() == 1
+    second.close()
+    assert writer.readers() == 0
     writer.end()
     assert not writer_alive(directory)
 
 
-def test_a_silent_reader_counts_as_gone(store: JournalStore) -> None:
+def test_a_reader_whose_process_died_counts_for_nothing(store: JournalStore) -> None:
     writer = store.open_writer("t", "r")
-    reader = store.open_reader("t", "r", 0)
-    reader.attach()
-    attach = store.run_dir("t", "r") / "attach"
-    old = time.time() - 60
-    os.utime(attach, (old, old))  # its process died without a word
-    assert not writer.reader_attached()
-    reader.refresh()
-    assert writer.reader_attached()
+    directory = store.run_dir("t", "r")
+    fd, path = join_readers(directory)
+    assert writer.readers() == 2
+    os.close(fd)  # its lock goes with its process; the file stays behind
+    assert path.exists() and writer.readers() == 1
+    assert not path.exists()  # the count tidied it away
+    writer.end()
+    assert writer.readers() == 0  # the ended run's own client left too
 
 
-def test_follow_replays_and_ends_at_the_end_or_when_taken_over(store: JournalStore) -> None:
+def test_nothing_left_for_a_reader_that_has_all_of_an_ended_run(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 3), 4)
+    live = store.open_reader("t", "r", 3)
+    assert not live.nothing_left()  # the run goes on: more may come
+    writer.end()
+    assert store.open_reader("t", "r", 3).nothing_left()
+    assert store.open_reader("t", "r", 9).nothing_left()
+    whole = store.open_reader("t", "r", 0)
+    assert not whole.nothing_left()
+    assert ids(whole.read()) == [1, 2, 3] and whole.ended  # what it read ahead is not lost
+    tail = store.open_reader("t", "r", 2)
+    assert not tail.nothing_left() and ids(tail.read()) == [3]
+
+
+def test_nothing_left_after_the_made_up_end_of_a_run_whose_process_died(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 2), 3)
+    writer.close()  # its process went without writing the end
+    assert not store.open_reader("t", "r", 2).nothing_left()  # the reader still needs the made-up end
+    assert store.open_reader("t", "r", 3).nothing_left()  # it had it (id 3, past the journal)
+
+
+def test_follow_replays_and_ends_at_the_end_or_when_its_client_hangs_up(store: JournalStore) -> None:
     writer = store.open_writer("t", "r")
     writer.append(chunk(1, 2), 3)
     writer.end()
@@ -148,12 +176,18 @@ def test_follow_replays_and_ends_at_the_end_or_when_taken_over(store: JournalSto
     writer.append(chunk(1, 2), 3)
     reader = store.open_reader("t", "r2", 0)
     reader.attach()
-    chunks = follow(reader, heartbeat_seconds=0.02, poll_seconds=0.01)
+    gone: list[bool] = []
+    chunks = follow(reader, heartbeat_seconds=0.02, poll_seconds=0.01, client_gone=lambda: bool(gone))
     assert ids(next(chunks)) == [1, 2]
     assert next(chunks) == ev.HEARTBEAT  # the run is silent
-    store.open_reader("t", "r2", 0).attach()  # someone else takes it over
-    time.sleep(1.1)
+    other = store.open_reader("t", "r2", 0)
+    other.attach()  # another reader does not end this one
+    assert next(chunks) == ev.HEARTBEAT
+    gone.append(True)
+    started = time.monotonic()
     assert [c for c in chunks if c != ev.HEARTBEAT] == []
+    assert time.monotonic() - started < 1.0
+    other.close()
     writer.end()
 
 
@@ -185,6 +219,11 @@ def test_files_are_private(store: JournalStore) -> None:
     writer = store.open_writer("t", "r")
     writer.append(chunk(1, 1), 2)
     directory = store.run_dir("t", "r")
+    reader = store.open_reader("t", "r", 0)
+    reader.attach()
     assert directory.stat().st_mode & 0o777 == 0o700
-    assert all(p.stat().st_mode & 0o777 == 0o600 for p in directory.iterdir())
+    entries = list(directory.rglob("*"))
+    assert any(p.parent.name == "readers" for p in entries)
+    assert all(p.stat().st_mode & 0o777 == (0o700 if p.is_dir() else 0o600) for p in entries)
+    reader.close()
     writer.end()

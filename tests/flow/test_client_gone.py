@@ -1,0 +1,246 @@
+"""A client that leaves is noticed at once (issue 20, item 1), over real sockets.
+
+The built-in server owns the socket, so while a stream waits for its next event it asks
+whether the client hung up (``agui.client_gone``) instead of waiting for a write to fail,
+which with a silent kernel is a heartbeat (15 s) or two away. The kernel here is a scripted
+kernel at full scale (``[SILENT 40]`` is forty seconds of silence), the heartbeat the
+default 15 s: a thread freed within a second can only be the socket watch. Clients are raw
+sockets, so that "the client left" is exactly a close (FIN) or a reset (RST) at a known time.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agui_adapter.config import Settings
+from agui_adapter.connection import Connection
+from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.kernels import KernelProcess
+from tests.support.agui_client import Client, LiveStream, joined, run_body
+from tests.support.agui_stream import parse_sse
+from tests.support.flow import KERNEL_TOKEN, cancelled_tasks, wait_for
+from tests.support.secrets import STATE_DIRS
+from tests.support.servers import InProcessAdapter
+
+
+@pytest.fixture(scope="module")
+def full_scale_kernel() -> Iterator[ScriptedKernel]:
+    kernel = ScriptedKernel(KERNEL_TOKEN, delay_scale=1.0)
+    kernel.start()
+    yield kernel
+    kernel.stop()
+
+
+@pytest.fixture
+def make_watched(tmp_path: Path, full_scale_kernel: ScriptedKernel) -> Iterator[Any]:
+    started: list[InProcessAdapter] = []
+
+    def factory(**overrides: Any) -> InProcessAdapter:
+        base = Settings(state_dir=str(tmp_path / "state"), heartbeat_seconds=15.0, allowed_cwds=str(tmp_path))
+        settings = replace(base, **overrides)
+        STATE_DIRS.append(Path(settings.state_dir))
+        adapter = InProcessAdapter(settings, KernelProcess(full_scale_kernel.url, KERNEL_TOKEN, "scripted"))
+        started.append(adapter)
+        return adapter
+
+    yield factory
+    for adapter in started:
+        adapter.stop()
+
+
+class RawStream:
+    """A request on a raw socket, read up to a marker, then closed (FIN) or reset (RST)."""
+
+    def __init__(self, url: str, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None):
+        host, port = url.split("//")[1].rstrip("/").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Accept: text/event-stream"]
+        if body:
+            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        self.raw = b""
+
+    def read_until(self, marker: bytes, timeout: float = 30.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while marker not in self.raw:
+            assert time.monotonic() < deadline, f"{marker!r} not seen in {self.raw[-300:]!r}"
+            data = self.sock.recv(65536)
+            assert data, "the server closed the connection"
+            self.raw += data
+        return self.raw
+
+    def session(self) -> dict[str, Any]:
+        self.read_until(b"iac-code.session.v1")
+        at = self.raw.index(b"iac-code.session.v1")
+        while b"\n\n" not in self.raw[at:]:
+            self.raw += self.sock.recv(65536)
+        frame = self.raw[self.raw.rindex(b"id: ", 0, at) : self.raw.index(b"\n\n", at)]
+        return dict(json.loads(frame.split(b"data: ", 1)[1])["value"])
+
+    def leave(self, reset: bool = False) -> float:
+        """Close the socket (or reset it); the moment it happened."""
+        if reset:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+        return time.monotonic()
+
+
+def run_request(adapter: InProcessAdapter, body: dict[str, Any]) -> RawStream:
+    return RawStream(adapter.url, "POST", "/", json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_new_turn_right_after_the_abort_succeeds_and_the_kernel_task_is_cancelled(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path, how: str
+) -> None:
+    adapter = make_watched()  # heartbeat 15 s, no grace period: the contract's disconnect
+    client = adapter.client()
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    stream = run_request(adapter, body)
+    task_id = stream.session()["taskId"]
+    left = stream.leave(reset=how == "reset")
+    # at once, as a user who pressed Stop and sent the next message: admitted, not THREAD_BUSY
+    after = client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
+    admitted = time.monotonic() - left
+    assert after.status == 200, after.error
+    assert after.terminal["type"] == "RUN_FINISHED" and after.text() == "Hello from the scripted kernel."
+    assert task_id in cancelled_tasks(full_scale_kernel)
+    assert admitted < 5.0  # the kernel's first answer included; the heartbeat alone is 15 s
+    print(f"\n[{how}] next turn answered {admitted:.3f}s after the abort")
+
+
+def test_with_the_kernel_silent_the_thread_is_free_within_a_second_of_the_abort(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path
+) -> None:
+    adapter = make_watched()
+    client = adapter.client()
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    stream = run_request(adapter, body)
+    task_id = stream.session()["taskId"]
+    time.sleep(0.5)  # the stream is waiting for the kernel, writing nothing
+    left = stream.leave()
+    wait_for(lambda: task_id in cancelled_tasks(full_scale_kernel), 5)
+    cancelled = time.monotonic() - left
+    # the thread is free: a new turn on another connection is admitted (not THREAD_BUSY)
+    after = client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
+    assert after.status == 200 and after.terminal["type"] == "RUN_FINISHED"
+    assert cancelled < 1.0, f"the kernel task was cancelled {cancelled:.3f}s after the abort"
+    print(f"\nkernel task cancelled {cancelled:.3f}s after the abort (heartbeat 15 s)")
+    scrape = client.session.get(adapter.url + "metrics", timeout=5).text
+    assert "agui_sse_clients_disconnected_total 1" in scrape
+
+
+def test_with_a_grace_period_it_starts_when_the_client_hangs_up(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path
+) -> None:
+    adapter = make_watched(disconnect_grace_seconds=1)  # heartbeat 15 s
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    stream = run_request(adapter, body)
+    task_id = stream.session()["taskId"]
+    left = stream.leave()
+    wait_for(lambda: task_id in cancelled_tasks(full_scale_kernel), 10)
+    waited = time.monotonic() - left
+    assert 0.9 <= waited < 3.0, waited  # the grace period, from the hang-up, not from a heartbeat
+    print(f"\ngrace 1 s: kernel task cancelled {waited:.3f}s after the abort")
+
+
+def test_bytes_pipelined_behind_the_request_are_not_a_hang_up(make_watched: Any, workspace: Path) -> None:
+    adapter = make_watched(heartbeat_seconds=0.3)
+    body = json.dumps(run_body("[SILENT 2] [TOOL] hi", cwd=str(workspace))).encode()
+    host = adapter.url.split("//")[1].rstrip("/")
+    request = (
+        f"POST / HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    health = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    stream = RawStream.__new__(RawStream)
+    stream.sock = socket.create_connection(("127.0.0.1", int(host.split(":")[1])), timeout=30)
+    stream.raw = b""
+    stream.sock.sendall(request + health)  # the next request waits in the socket for seconds
+    stream.read_until(b'"status":"ok"')  # the run went to its end, then /health was answered
+    head, _, rest = stream.raw.partition(b"\r\n\r\n")
+    assert b"200 OK" in head.split(b"\r\n")[0]
+    sse = rest[: rest.index(b"\r\n0\r\n\r\n")]
+    events = parse_sse(dechunk(sse))
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    assert b": heartbeat" in sse  # it waited, several ticks, with the bytes there
+    stream.leave()
+
+
+def dechunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size, _, data = data.partition(b"\r\n")
+        n = int(size, 16)
+        out, data = out + data[:n], data[n + 2 :]
+    return out
+
+
+def test_a_reader_that_hangs_up_is_noticed_and_the_last_one_out_cancels(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path
+) -> None:
+    adapter = make_watched()  # no grace period: the run ends when its last reader leaves
+    client = adapter.client()
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    own = LiveStream(client, body)
+    task_id = own.session()["taskId"]
+    seen = own.read_events(2)
+    path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
+    reader = RawStream(adapter.url, "GET", path, headers={"Last-Event-ID": str(seen[-1][0])})
+    reader.read_until(b"200 OK")
+    wait_for(lambda: adapter.app.engine.journals.readers(body["threadId"], body["runId"]) == 2, 5)
+    own.close()  # the run's own client leaves: the reader still follows the run
+    wait_for(lambda: adapter.app.engine.journals.readers(body["threadId"], body["runId"]) == 1, 5)
+    time.sleep(0.6)
+    assert task_id not in cancelled_tasks(full_scale_kernel)
+    busy = client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
+    assert busy.error is not None and busy.error["code"] == "THREAD_BUSY"
+    left = reader.leave()  # the last reader leaves while the kernel is silent
+    wait_for(lambda: task_id in cancelled_tasks(full_scale_kernel), 5)
+    cancelled = time.monotonic() - left
+    assert cancelled < 1.5
+    print(f"\nlast reader gone: kernel task cancelled {cancelled:.3f}s later")
+    rest = Client(adapter.url).events(body["threadId"], body["runId"], seen[-1][0]).rest()
+    events = joined(seen, rest)
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """(the server's side, the client's side) of a loopback TCP connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    return server, client
+
+
+@pytest.mark.parametrize("how", ["close", "reset", "bytes", "bytes-then-close", "nothing"])
+def test_connection_hung_up_tells_a_close_and_a_reset_from_bytes(how: str) -> None:
+    if how == "bytes-then-close" and not hasattr(select, "POLLRDHUP"):
+        pytest.skip("only Linux says the peer closed while unread bytes wait")
+    server, client = tcp_pair()
+    conn = Connection(server, ("127.0.0.1", 0), reserve=False)
+    if how.startswith("bytes"):
+        client.sendall(b"GET /health HTTP/1.1\r\n\r\n")  # pipelined behind the request
+    if how == "reset":
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if how in ("close", "reset", "bytes-then-close"):
+        client.close()
+    expected = how in ("close", "reset", "bytes-then-close")
+    assert wait_for(lambda: conn.hung_up() is expected or None, 2) is True
+    assert conn.aborted is expected
+    if how == "bytes":
+        assert server.recv(100).startswith(b"GET /health")  # nothing was consumed by asking
+    client.close()
+    server.close()
