@@ -6,8 +6,9 @@ from the importing file's directory and ignore ``NODE_PATH``); ``Frontend`` is
 ``frontend.mjs``, which drives the runtime with the React front end's own agent class
 (@copilotkit/core's ``ProxiedCopilotRuntimeAgent``), one JSON command per line.
 
-The peers (``@copilotkit/runtime``, ``@copilotkit/core`` and the ``@ag-ui/client`` they use,
-pinned in ``.ci/setup-peers.sh``) live in their own prefix, env ``AGUI_COPILOTKIT_MODULES``,
+The peers (``@copilotkit/runtime`` 1.75.0, ``@copilotkit/core`` 1.74.0 as the latest
+``@copilotkit/react-core`` uses it, and the ``@ag-ui/client`` 0.0.59 both depend on, pinned in
+``.ci/setup-peers.sh``) live in their own prefix, env ``AGUI_COPILOTKIT_MODULES``,
 default ``~/.cache/agui-adapter/copilotkit/node_modules``. ``require_copilotkit()`` fails
 under ``CI=true`` and skips otherwise when node or the modules are missing.
 """
