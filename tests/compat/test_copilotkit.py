@@ -209,3 +209,21 @@ def test_suggestions_on(stack: Stack) -> None:
     assert terminal(after)["type"] == "RUN_FINISHED", after
     text = "".join(e["delta"] for e in after["events"] if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "This context has seen 2 user turns."
+
+
+def test_a_page_that_leaves_does_not_stop_the_run(stack: Stack, scripted_kernel: Any) -> None:
+    """Closing the tab is not a Stop for CopilotKit: its runtime stops forwarding to that page
+    and keeps reading the run from the adapter to its end (the recipe README's "A tab that
+    closes"); meanwhile it answers another turn on the thread with an empty stream."""
+    thread = "ck-leave"
+    left = stack.turn(thread, "[SILENT 100] think for a while", leaveOn="CUSTOM")
+    assert left["stoppedAfterMs"] < 10_000 and "RUN_FINISHED" not in types(left), left
+    task = custom_value(left, "iac-code.session.v1")["taskId"]
+    meanwhile = stack.turn(thread, "[RECALL] me again")
+    assert meanwhile["events"] == [] and meanwhile["error"] is None, meanwhile  # CopilotKit's silent refusal
+    wait_for(lambda: b"Thread already running" in stack.runtime.log, 10)
+    events = stack.adapter_stream(thread, left)  # follows the live run to its end
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, events[-1]
+    assert task not in {c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")}
+    again = stack.turn(thread, "[RECALL] and now")
+    assert terminal(again)["type"] == "RUN_FINISHED", again

@@ -10,14 +10,17 @@
 // (CopilotKitCore.generateSuggestions on a single-route runtime).
 //
 // Protocol: one JSON command per stdin line, one JSON answer per stdout line (same "id").
-//   {"id", "op": "turn", "threadId", "text", "props": {...forwardedProps}, "stopOn"?: EVENT_TYPE}
+//   {"id", "op": "turn", "threadId", "text", "props": {...forwardedProps}, "stopOn"?: EVENT_TYPE,
+//    "leaveOn"?: EVENT_TYPE}   stopOn: Stop at that event; leaveOn: the page goes away (its request
+//                              is aborted, nothing else: what closing the tab does)
 //   {"id", "op": "resume", "threadId", "props", "status": "resolved"|"cancelled", "payload"?}
 //   {"id", "op": "suggest", "threadId", "props"}
 // Answer: {"id", "events": [AG-UI events the front end received], "error": null | string,
-//          "stoppedAfterMs": ms from Stop to the end of the run (stopOn only), "messages": [...]}
+//          "stoppedAfterMs": ms from Stop (or leaving) to the end of the run, "messages": [...]}
 // Env: COPILOTKIT_RUNTIME_URL (the runtime's single route).
 import { createInterface } from "node:readline";
 import { randomUUID } from "node:crypto";
+import { HttpAgent } from "@ag-ui/client";
 import { ProxiedCopilotRuntimeAgent, ɵInterruptState as InterruptState } from "@copilotkit/core";
 
 const runtimeUrl = process.env.COPILOTKIT_RUNTIME_URL;
@@ -42,6 +45,10 @@ async function run(agent, input, command) {
       if (command.stopOn && stopAt === null && event.type === command.stopOn) {
         stopAt = Date.now();
         agent.abortRun(); // CopilotKitCore.stopAgent(): the Stop button
+      }
+      if (command.leaveOn && stopAt === null && event.type === command.leaveOn) {
+        stopAt = Date.now();
+        HttpAgent.prototype.abortRun.call(agent); // only the request goes: a tab that closes
       }
     },
   };
