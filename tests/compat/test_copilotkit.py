@@ -72,9 +72,12 @@ def stack_factory(adapter_process: Any, tmp_path: Path, workspace: Path) -> Iter
     app = app_dir(tmp_path, modules)
     started: list[tuple[RuntimeServer, Frontend]] = []
 
-    def factory(*adapter_args: str, runtime_env: dict[str, str] | None = None) -> Stack:
+    def factory(
+        *adapter_args: str, runtime_env: dict[str, str] | None = None, route: Callable[[str], str] | None = None
+    ) -> Stack:
+        """``route`` maps the adapter's URL to the one the runtime is given (a proxy's)."""
         adapter = adapter_process(*adapter_args)
-        runtime = RuntimeServer(app, adapter.url, runtime_env).start()
+        runtime = RuntimeServer(app, route(adapter.url) if route else adapter.url, runtime_env).start()
         frontend = Frontend(app, runtime.url)
         started.append((runtime, frontend))
         return Stack(adapter, runtime, frontend, workspace)
@@ -227,3 +230,46 @@ def test_a_page_that_leaves_does_not_stop_the_run(stack: Stack, scripted_kernel:
     assert task not in {c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")}
     again = stack.turn(thread, "[RECALL] and now")
     assert terminal(again)["type"] == "RUN_FINISHED", again
+
+
+def test_the_adapter_agent_reconnects_behind_the_runtime(stack_factory: Callable[..., Stack]) -> None:
+    """With the adapter's client module and a disconnect grace period, a connection between the
+    runtime and the adapter that drops mid-run is resumed with Last-Event-ID: the front end sees
+    one whole run (the recipe README's "Reattach and Stop")."""
+    if not CLIENT_MODULE.is_file():
+        pytest.skip(f"{CLIENT_MODULE.name} is not in this checkout")
+    from urllib.parse import urlsplit
+
+    from tests.support.cutting_proxy import CuttingProxy  # shipped with the client module
+
+    proxies: list[CuttingProxy] = []
+
+    def through_a_cutting_proxy(adapter_url: str) -> str:
+        parts = urlsplit(adapter_url)
+        proxies.append(CuttingProxy((parts.hostname or "127.0.0.1", parts.port or 80), [1500, 2500]))
+        return proxies[0].url
+
+    stack = stack_factory(
+        "--disconnect-grace-seconds",
+        "30",
+        "--heartbeat-seconds",
+        "1",
+        runtime_env={"AGUI_ADAPTER_CLIENT_MODULE": str(CLIENT_MODULE)},
+        route=through_a_cutting_proxy,
+    )
+    [proxy] = proxies
+    try:
+        thread = "ck-reconnect"
+        answer = stack.turn(thread, "[SLOW] [THINK] go")
+        assert answer["error"] is None, answer
+        end = terminal(answer)
+        assert end["type"] == "RUN_FINISHED" and end["outcome"] == {"type": "success"}, answer
+        assert proxy.cut_count == 2
+        resumed = [r for r in proxy.streams() if r.method == "GET"]
+        assert resumed and all(r.last_event_id for r in resumed), proxy.requests
+        # Exactly the adapter's run: every event once, in order.
+        whole = stack.adapter_stream(thread, answer)
+        assert [e["type"] for e in whole] == types(answer)
+        assert [e.get("delta") for e in whole] == [e.get("delta") for e in answer["events"]]
+    finally:
+        proxy.close()
