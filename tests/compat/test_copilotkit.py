@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from agui_adapter import messages
 from tests.support.agui_stream import RECORDER, check_stream, parse_sse
 from tests.support.copilotkit import (
     ROOT,
@@ -206,7 +207,7 @@ def test_suggestions_on(stack: Stack) -> None:
     suggestion = stack.frontend.call("suggest", threadId=thread, props=stack.props())
     end = terminal(suggestion)
     assert end["type"] == "RUN_ERROR", suggestion
-    assert "INVALID_INPUT" in end["message"] and "tools must be an empty array" in end["message"]
+    assert "INVALID_INPUT" in end["message"] and messages.TOOLS_NOT_SUPPORTED in end["message"]
     assert "forwardedProps" not in end["message"]  # toolChoice itself was accepted
     after = stack.turn(thread, "[RECALL]")
     assert terminal(after)["type"] == "RUN_FINISHED", after

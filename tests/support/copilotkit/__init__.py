@@ -154,7 +154,6 @@ class Frontend:
         self._next += 1
         self.proc.stdin.write((json.dumps({"id": self._next, "op": op, **command}) + "\n").encode())
         self.proc.stdin.flush()
-        answer: dict[str, Any] = {}
         timer = threading.Timer(timeout, self.proc.kill)  # a hung driver fails the test, not the suite
         timer.start()
         try:
@@ -162,7 +161,7 @@ class Frontend:
         finally:
             timer.cancel()
         assert line, f"the front-end driver died:\n{self.stderr.decode(errors='replace')[-4000:]}"
-        answer = json.loads(line)
+        answer: dict[str, Any] = json.loads(line)
         assert answer["id"] == self._next
         return answer
 
