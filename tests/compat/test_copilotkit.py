@@ -41,9 +41,12 @@ CLIENT_MODULE = ROOT / "agui_adapter" / "console" / "agui-adapter-client.mjs"
 class Stack:
     """Adapter, CopilotKit runtime and front end, plus what the tests check them with."""
 
-    def __init__(self, adapter: Any, runtime: RuntimeServer, frontend: Frontend, workspace: Path) -> None:
+    def __init__(
+        self, adapter: Any, runtime: RuntimeServer, frontend: Frontend, workspace: Path, token: str | None = None
+    ) -> None:
         self.adapter, self.runtime, self.frontend = adapter, runtime, frontend
         self.workspace = workspace
+        self.token = token  # the adapter's bearer token, if it has one
 
     def props(self, **extra: Any) -> dict[str, Any]:
         """The app's CopilotKit ``properties``: forwardedProps with ``iacCode`` for the thread."""
@@ -59,7 +62,10 @@ class Stack:
         checked as every stream of the suites is, and recorded for the official client."""
         [started] = [e for e in answer["events"] if e["type"] == "RUN_STARTED"]
         url = f"{self.adapter.url}threads/{quote(thread, safe='')}/runs/{quote(started['runId'], safe='')}/events"
-        response = requests.get(url, headers={"Accept": "text/event-stream"}, timeout=30)
+        headers = {"Accept": "text/event-stream"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        response = requests.get(url, headers=headers, timeout=30)
         assert response.status_code == 200, response.text
         events = parse_sse(response.content)
         check_stream(events)
@@ -74,14 +80,19 @@ def stack_factory(adapter_process: Any, tmp_path: Path, workspace: Path) -> Iter
     started: list[tuple[RuntimeServer, Frontend]] = []
 
     def factory(
-        *adapter_args: str, runtime_env: dict[str, str] | None = None, route: Callable[[str], str] | None = None
+        *adapter_args: str,
+        runtime_env: dict[str, str] | None = None,
+        route: Callable[[str], str] | None = None,
+        token: str | None = None,
     ) -> Stack:
-        """``route`` maps the adapter's URL to the one the runtime is given (a proxy's)."""
-        adapter = adapter_process(*adapter_args)
-        runtime = RuntimeServer(app, route(adapter.url) if route else adapter.url, runtime_env).start()
+        """``route`` maps the adapter's URL to the one the runtime is given (a proxy's);
+        ``token``: the adapter's bearer token, given to the runtime as the recipe reads it."""
+        adapter = adapter_process(*adapter_args, env={"IAC_CODE_AGUI_AUTH_TOKEN": token} if token else None)
+        env = {**(runtime_env or {}), **({"AGUI_ADAPTER_TOKEN": token} if token else {})}
+        runtime = RuntimeServer(app, route(adapter.url) if route else adapter.url, env).start()
         frontend = Frontend(app, runtime.url)
         started.append((runtime, frontend))
-        return Stack(adapter, runtime, frontend, workspace)
+        return Stack(adapter, runtime, frontend, workspace, token)
 
     yield factory
     for runtime, frontend in started:
@@ -146,6 +157,23 @@ def test_permission_interrupt_answered_through_resume(stack: Stack) -> None:
     stack.adapter_stream(thread, resumed)
     after = stack.turn(thread, "hello again")
     assert terminal(after)["type"] == "RUN_FINISHED", after
+
+
+def test_the_adapter_token_stays_on_the_server_and_the_thread_header_gets_through(
+    stack_factory: Callable[..., Stack],
+) -> None:
+    """The recipe's ``AGUI_ADAPTER_TOKEN`` authenticates the runtime to the adapter, whatever
+    ``Authorization`` the browser sends the runtime; the provider's ``X-AGUI-Thread-Id`` header
+    reaches the adapter (the runtime forwards ``X-*`` headers), for sticky routing by thread."""
+    stack = stack_factory("--heartbeat-seconds", "2", token="ck-adapter-token-7d1e")
+    thread = "ck-headers"
+    answer = stack.turn(thread, "hello", headers={"Authorization": "Bearer the-app-s-own", "X-AGUI-Thread-Id": thread})
+    assert terminal(answer)["type"] == "RUN_FINISHED", answer
+    stack.adapter_stream(thread, answer)
+    other = stack.turn(thread, "hello", headers={"X-AGUI-Thread-Id": "another-thread"})
+    end = terminal(other)
+    assert end["type"] == "RUN_ERROR" and "400" in end["message"] and "INVALID_INPUT" in end["message"], other
+    assert messages.THREAD_HEADER_MISMATCH in end["message"]
 
 
 def stop_and_turn_again(stack: Stack, scripted_kernel: Any, thread: str) -> tuple[float, float]:

@@ -11,8 +11,9 @@
 //
 // Protocol: one JSON command per stdin line, one JSON answer per stdout line (same "id").
 //   {"id", "op": "turn", "threadId", "text", "props": {...forwardedProps}, "stopOn"?: EVENT_TYPE,
-//    "leaveOn"?: EVENT_TYPE}   stopOn: Stop at that event; leaveOn: the page goes away (its request
-//                              is aborted, nothing else: what closing the tab does)
+//    "leaveOn"?: EVENT_TYPE, "headers"?: {...}}   stopOn: Stop at that event; leaveOn: the page
+//    goes away (its request is aborted, nothing else: what closing the tab does); headers: the
+//    provider's headers, sent to the runtime from now on
 //   {"id", "op": "resume", "threadId", "props", "status": "resolved"|"cancelled", "payload"?}
 //   {"id", "op": "suggest", "threadId", "props"}
 // Answer: {"id", "events": [AG-UI events the front end received], "error": null | string,
@@ -67,6 +68,7 @@ async function run(agent, input, command) {
 
 async function handle(command) {
   const { agent, interrupts } = thread(command.threadId);
+  if (command.headers) agent.headers = command.headers; // the provider's `headers`
   if (command.op === "turn") {
     agent.addMessage({ id: randomUUID(), role: "user", content: command.text });
     const result = await run(agent, { forwardedProps: command.props }, command);
