@@ -38,4 +38,9 @@ server.listen(Number(process.env.PORT ?? 4000), process.env.HOST ?? "127.0.0.1",
   const { address, port } = server.address();
   console.log(`CopilotKit runtime on http://${address}:${port}${basePath} -> agui-adapter ${adapterUrl}`);
 });
-for (const signal of ["SIGINT", "SIGTERM"]) process.on(signal, () => server.close(() => process.exit(0)));
+for (const signal of ["SIGINT", "SIGTERM"]) {
+  process.on(signal, () => {
+    server.close(() => process.exit(0));
+    server.closeAllConnections(); // open streams too; on exit the adapter sees its runs disconnect
+  });
+}
