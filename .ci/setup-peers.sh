@@ -4,6 +4,10 @@
 #       $AGUI_IAC_CODE_VENV, default ~/.cache/agui-adapter/iac-code-0.16.0
 #   * the official AG-UI TS client @ag-ui/client 1.0.0 (tests/support/agui_check, marker official_client)
 #       $AGUI_NODE_MODULES, default ~/.cache/agui-adapter/node/node_modules
+#   * CopilotKit's runtime @copilotkit/runtime 1.75.0, its front-end core @copilotkit/core 1.74.0 (the one the
+#       latest @copilotkit/react-core, 1.74.0, uses) and the @ag-ui/client 0.0.59 they both depend on (tests/compat/test_copilotkit.py, marker copilotkit; the recipe
+#       examples/copilotkit/): $AGUI_COPILOTKIT_MODULES, default ~/.cache/agui-adapter/copilotkit/node_modules,
+#       a prefix of its own so that the @ag-ui/client 1.0.0 install above stays as it is
 #   * Chromium and its WebDriver from Debian's packages chromium + chromium-driver (tests/browser,
 #       marker browser): /usr/bin/chromium, /usr/bin/chromedriver; installed with apt-get (as root)
 #   * nginx and openssl from Debian's packages (tests/compat/test_deploy_nginx.py, marker nginx):
@@ -21,6 +25,11 @@ PYTHON="${PYTHON:-python3}"
 VENV="${AGUI_IAC_CODE_VENV:-$HOME/.cache/agui-adapter/iac-code-${KERNEL_VERSION}}"
 NODE_MODULES="${AGUI_NODE_MODULES:-$HOME/.cache/agui-adapter/node/node_modules}"
 NODE_PREFIX="$(dirname "$NODE_MODULES")"
+COPILOTKIT_VERSION="1.75.0"
+COPILOTKIT_CORE_VERSION="1.74.0"
+COPILOTKIT_AGUI_CLIENT_VERSION="0.0.59"
+COPILOTKIT_MODULES="${AGUI_COPILOTKIT_MODULES:-$HOME/.cache/agui-adapter/copilotkit/node_modules}"
+COPILOTKIT_PREFIX="$(dirname "$COPILOTKIT_MODULES")"
 
 log() { printf 'setup-peers: %s\n' "$*"; }
 die() { printf 'setup-peers: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -81,6 +90,32 @@ setup_node() {
   log "node: installed into $NODE_MODULES"
 }
 
+copilotkit_version() {
+  node -e 'try { process.stdout.write(require(process.argv[1]).version) } catch { process.exit(1) }' \
+    "$COPILOTKIT_MODULES/$1/package.json" 2>/dev/null
+}
+
+copilotkit_ok() {
+  [ "$(copilotkit_version @copilotkit/runtime || true)" = "$COPILOTKIT_VERSION" ] &&
+    [ "$(copilotkit_version @copilotkit/core || true)" = "$COPILOTKIT_CORE_VERSION" ] &&
+    [ "$(copilotkit_version @ag-ui/client || true)" = "$COPILOTKIT_AGUI_CLIENT_VERSION" ]
+}
+
+setup_copilotkit() {
+  if copilotkit_ok; then
+    log "copilotkit: @copilotkit/runtime@${COPILOTKIT_VERSION} + @copilotkit/core@${COPILOTKIT_CORE_VERSION} + @ag-ui/client@${COPILOTKIT_AGUI_CLIENT_VERSION} already in $COPILOTKIT_MODULES (nothing to do)"
+    return
+  fi
+  command -v npm >/dev/null || die "npm not found (needed to install @copilotkit/runtime)"
+  mkdir -p "$COPILOTKIT_PREFIX"
+  log "copilotkit: npm install --prefix $COPILOTKIT_PREFIX @copilotkit/runtime@${COPILOTKIT_VERSION} @copilotkit/core@${COPILOTKIT_CORE_VERSION} @ag-ui/client@${COPILOTKIT_AGUI_CLIENT_VERSION} (takes ~1-2 min)"
+  SCARF_ANALYTICS=false DO_NOT_TRACK=1 npm install --prefix "$COPILOTKIT_PREFIX" --no-audit --no-fund --save-exact \
+    --loglevel=error "@copilotkit/runtime@${COPILOTKIT_VERSION}" "@copilotkit/core@${COPILOTKIT_CORE_VERSION}" \
+    "@ag-ui/client@${COPILOTKIT_AGUI_CLIENT_VERSION}"
+  copilotkit_ok || die "@copilotkit/runtime ${COPILOTKIT_VERSION}, @copilotkit/core ${COPILOTKIT_CORE_VERSION} or @ag-ui/client ${COPILOTKIT_AGUI_CLIENT_VERSION} still missing from $COPILOTKIT_MODULES after npm install"
+  log "copilotkit: installed into $COPILOTKIT_MODULES"
+}
+
 browser_ok() {
   command -v chromium >/dev/null && command -v chromedriver >/dev/null
 }
@@ -131,6 +166,7 @@ setup_nginx() {
 
 setup_kernel
 setup_node
+setup_copilotkit
 setup_browser
 setup_nginx
-log "done (AGUI_IAC_CODE_VENV=$VENV AGUI_NODE_MODULES=$NODE_MODULES)"
+log "done (AGUI_IAC_CODE_VENV=$VENV AGUI_NODE_MODULES=$NODE_MODULES AGUI_COPILOTKIT_MODULES=$COPILOTKIT_MODULES)"

@@ -12,6 +12,13 @@ It also owns the notion of *secret fields* of a request: the redacted view used 
 for the idempotency digest, so that a retry with a refreshed STS token or API key is the same
 request and no secret is ever hashed into anything that is stored.
 
+``forwardedProps`` is a bag AG-UI clients fill for their own purposes (CopilotKit adds
+``toolChoice`` when its suggestions are on): only its ``iacCode`` key is the adapter's, and
+strict; any other key is accepted and ignored. Ignored means: never read, never forwarded to
+the kernel, left out of the redacted view (so never logged) and of the digest (so a retry that
+differs only in those keys is the same run: ``DUPLICATE_RUN_ID``, or a reattach, never
+``RUN_ID_CONFLICT``).
+
 Sans-I/O: pure functions over parsed JSON; the schemas are package data read once.
 """
 
@@ -59,6 +66,9 @@ SECRET_PATHS: tuple[tuple[str, ...], ...] = (
     ("forwardedProps", "iacCode", "llmHeaders"),
 )
 _MAP_OF_SECRETS: frozenset[tuple[str, ...]] = frozenset({("forwardedProps", "iacCode", "llmHeaders")})
+
+#: The one key of ``forwardedProps`` that is the adapter's; the others are ignored.
+_IAC_CODE_KEY = "iacCode"
 
 #: What a secret value is replaced with in the redacted view. A placeholder (rather than
 #: deleting the key) keeps "a key was given" distinguishable from "no key was given".
@@ -514,7 +524,9 @@ def preferred_language_hint(payload: object) -> object:
 
 
 def redact_secrets(payload: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``payload`` whose secret values are replaced by a placeholder.
+    """A deep copy of ``payload`` whose secret values are replaced by a placeholder, and
+    whose ``forwardedProps`` keeps only ``iacCode`` (the other keys are the client's own,
+    ignored by the adapter, so neither logged nor digested).
 
     Header names of ``llmHeaders`` are kept, their values are not. Works on invalid bodies
     too (for logging): anything not reachable through objects is left alone.
@@ -527,6 +539,10 @@ def _redacted_view(payload: dict[str, Any]) -> dict[str, Any]:
     way to a secret are copied, everything else is shared with ``payload``."""
     redacted = dict(payload)
     copied = {id(redacted)}
+    forwarded = redacted.get("forwardedProps")
+    if isinstance(forwarded, dict) and any(key != _IAC_CODE_KEY for key in forwarded):
+        forwarded = redacted["forwardedProps"] = {k: v for k, v in forwarded.items() if k == _IAC_CODE_KEY}
+        copied.add(id(forwarded))
     for path in SECRET_PATHS:
         node: Any = redacted
         for key in path[:-1]:
@@ -554,7 +570,8 @@ def request_digest(payload: dict[str, Any]) -> str:
     """SHA-256 (hex) of the canonical JSON of the redacted body.
 
     Same ``json.dumps`` options as upstream, but over :func:`redact_secrets`, so a retry
-    that only refreshes an STS token or API key is the *same* request, and no secret is
+    that only refreshes an STS token or API key, or changes ``forwardedProps`` keys other
+    than ``iacCode`` (which the adapter ignores), is the *same* request, and no secret is
     hashed into stored state. Lone surrogates (legal in parsed JSON) are kept as is.
     """
     canonical = json.dumps(_redacted_view(payload), ensure_ascii=False, sort_keys=True, separators=(",", ":"))

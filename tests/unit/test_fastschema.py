@@ -125,7 +125,10 @@ valid_envelopes = some_of(
         "threadId": st.one_of(id_text, st.just("x" * 256)),
         "runId": id_text,
         "messages": st.lists(valid_message, max_size=3),
-        "forwardedProps": st.fixed_dictionaries({"iacCode": valid_iac_code}),
+        # keys other than iacCode are the client's own (CopilotKit's toolChoice): accepted, ignored
+        "forwardedProps": st.fixed_dictionaries(
+            {"iacCode": valid_iac_code}, optional={"toolChoice": values, "x-app": values}
+        ),
     },
     {
         "parentRunId": opt_text,

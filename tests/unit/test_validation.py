@@ -356,10 +356,31 @@ def test_index_ordering_is_numeric() -> None:
     assert_refused(body(messages=msgs), messages.FIELD_ENUM, field="messages[2].role")
 
 
-def test_forwarded_props_only_allows_iac_code() -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"toolChoice": "auto"},  # what CopilotKit adds when its suggestions are on
+        {"toolChoice": {"type": "function", "function": {"name": "x"}}, "other": None},
+        {"iac_code": {"schemaVersion": "not even checked"}, "x": [1, {"y": 2}]},
+    ],
+)
+def test_forwarded_props_accepts_and_ignores_keys_other_than_iac_code(extra: dict[str, Any]) -> None:
+    plain = validate_run_input(body())
     payload = body()
-    payload["forwardedProps"]["other"] = {}
-    assert_refused(payload, messages.FIELD_UNKNOWN, field="forwardedProps.other")
+    payload["forwardedProps"].update(extra)
+    run_input = validate_run_input(payload)
+    assert run_input.props == plain.props
+    assert request_digest(payload) == request_digest(body())
+    assert redact_secrets(payload)["forwardedProps"] == body()["forwardedProps"]
+
+
+def test_iac_code_stays_strict_beside_other_forwarded_props() -> None:
+    payload = with_props(unknownField=True)
+    payload["forwardedProps"]["toolChoice"] = "auto"
+    assert_refused(payload, messages.FIELD_UNKNOWN, field="forwardedProps.iacCode.unknownField")
+    payload = body()
+    payload["forwardedProps"] = {"toolChoice": "auto"}
+    assert_refused(payload, messages.FIELD_REQUIRED, field="forwardedProps.iacCode")
 
 
 def test_snake_case_aliases_are_not_accepted() -> None:
@@ -614,6 +635,30 @@ def test_digest_changes_with_non_secret_content(change: Any) -> None:
     changed = secret_payload()
     change(changed)
     assert request_digest(changed) != request_digest(secret_payload())
+
+
+def test_digest_ignores_forwarded_props_other_than_iac_code() -> None:
+    """A retry that differs only in keys the adapter ignores is the same run (a duplicate, or
+    a reattach), never a RUN_ID_CONFLICT; and what it ignores is never hashed."""
+    first = secret_payload()
+    first["forwardedProps"]["toolChoice"] = "auto"
+    retry = secret_payload()
+    retry["forwardedProps"]["toolChoice"] = {"type": "function", "function": {"name": "suggest"}}
+    retry["forwardedProps"]["appState"] = {"tab": 2}
+    assert request_digest(first) == request_digest(retry) == request_digest(secret_payload())
+    changed = secret_payload()
+    changed["forwardedProps"]["iacCode"]["model"] = "other-model"
+    changed["forwardedProps"]["toolChoice"] = "auto"
+    assert request_digest(changed) != request_digest(first)
+
+
+def test_redacted_view_never_shows_other_forwarded_props() -> None:
+    payload = secret_payload()
+    payload["forwardedProps"]["toolChoice"] = "value-never-logged"
+    original = copy.deepcopy(payload)
+    redacted = redact_secrets(payload)
+    assert "value-never-logged" not in json.dumps(redacted)
+    assert payload == original
 
 
 def test_digest_is_stable_and_hex() -> None:
