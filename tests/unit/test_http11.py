@@ -622,7 +622,7 @@ def test_the_head_s_framing_is_what_the_general_rules_say(version: str, headers:
     try:
         expected: object = (wants_keep_alive(version, parsed_headers), body_framing(version, parsed_headers))
         if len(hosts) > 1 or (version == "HTTP/1.1" and not hosts) or not re.fullmatch(r"[!-~]*", "".join(hosts)):
-            expected = 400  # the Host rules come after the framing's (these values are valid hosts but spaced or non-ASCII ones)
+            expected = 400  # after the framing's rules: no Host, two, or one spaced or non-ASCII
     except ProtocolError as err:
         expected = err.status
     try:
