@@ -322,12 +322,12 @@ def body_framing(version: str, headers: Headers) -> BodyFraming:
 
 
 def wants_keep_alive(version: str, headers: Headers) -> bool:
-    """Whether the client asks to keep the connection: HTTP/1.1 unless ``Connection: close``,
-    HTTP/1.0 only with ``Connection: keep-alive``."""
+    """Whether the client asks to keep the connection: never with ``Connection: close``
+    (whatever else it lists), else HTTP/1.1, or HTTP/1.0 with ``Connection: keep-alive``."""
     connection = [v.lower() for v in _values(headers, "connection")]
-    if version == "HTTP/1.1":
-        return "close" not in connection
-    return "keep-alive" in connection
+    if "close" in connection:
+        return False
+    return version == "HTTP/1.1" or "keep-alive" in connection
 
 
 # ====================================================================== a chunked request body

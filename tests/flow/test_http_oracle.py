@@ -352,6 +352,8 @@ def corpus() -> list[bytes]:
         [b"GET /c HTTP/1.1\r\nHost: oracle\r\nConnection: \x0bclose\r\n\r\n", get],
         [b"GET /c HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", get],
         [b"GET /c HTTP/1.0\r\nConnection: keep-alive\r\nHost: a\r\n\r\n", http10_keep, get],
+        [b"GET /c HTTP/1.0\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n", get],  # found by the soak
+        [b"GET /c HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n", get],
     ):  # fmt: skip
         requests.append(b"".join(sequence))
     # Expect: 100-continue

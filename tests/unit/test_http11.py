@@ -183,6 +183,7 @@ def test_more_headers_than_allowed_is_431() -> None:
         ("HTTP/1.0", None, False),
         ("HTTP/1.0", "keep-alive", True),
         ("HTTP/1.0", "close", False),
+        ("HTTP/1.0", "keep-alive, close", False),  # kept alive before issue 19 (found by the h11 oracle)
     ],
 )
 def test_keep_alive_follows_the_version_and_the_connection_header(
