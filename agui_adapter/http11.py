@@ -13,6 +13,10 @@ keeps time. The subset is what a WSGI server needs:
   either has an empty body), with the conflicts refused (400, 501);
 - a chunked body decoder fed bytes as they arrive (chunk-size lines, the CRLF after each
   chunk's data, trailers), which hands back the bytes past the body (the next request);
+- the response head: the status line, the application's headers without the hop-by-hop
+  ones, ``Date``, the framing (``Content-Length``, chunked on HTTP/1.1, close on
+  HTTP/1.0, none for ``HEAD``, 1xx, 204 and 304) and the ``Connection`` header;
+- the server's own answers, JSON like the application's: ``{"error": {"code", "message"}}``.
 
 What is accepted is what RFC 9110/9112 allow, and never more than h11 accepts (the tests
 hold the server to h11 as an oracle, ``tests/flow/test_http_oracle.py``): header names
@@ -25,10 +29,6 @@ equal if repeated; ``Transfer-Encoding`` is a list whose one coding is ``chunked
 (empty elements refused); a chunk-size line is hex digits, optional extensions and
 CRLF, the data is followed by CRLF, trailers are header lines ending with CRLF. A lenient
 reading of any of these is how a request is smuggled past a proxy that reads it otherwise.
-- the response head: the status line, the application's headers without the hop-by-hop
-  ones, ``Date``, the framing (``Content-Length``, chunked on HTTP/1.1, close on
-  HTTP/1.0, none for ``HEAD``, 1xx, 204 and 304) and the ``Connection`` header;
-- the server's own answers, JSON like the application's: ``{"error": {"code", "message"}}``.
 """
 
 from __future__ import annotations
