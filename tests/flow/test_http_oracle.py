@@ -423,6 +423,28 @@ FRAMING = [
 BODIES = [b"", b"hello", _chunked(b"hello"), _chunked(b"he", b"llo", ext=b";x=y"), b"0\r\n\r\n", b"5\r\nhel"]
 
 
+def _mutate(draw: st.DrawFn, wire: bytearray) -> bytes:
+    """``wire`` with a few bytes inserted, replaced or deleted, odd ones mostly."""
+    for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3]))):
+        at = draw(st.integers(0, len(wire)))
+        how = draw(st.sampled_from(["insert", "replace", "delete"]))
+        odd = draw(st.sampled_from(INTERESTING) | st.binary(min_size=1, max_size=2))
+        if how == "insert":
+            wire[at:at] = odd
+        elif how == "replace":
+            wire[at : at + 1] = odd
+        else:
+            del wire[at : at + 1]
+    return bytes(wire)
+
+
+@st.composite
+def mutated_corpus(draw: st.DrawFn) -> bytes:
+    """A request of the corpus (or two, pipelined) with a few bytes changed."""
+    picked = draw(st.lists(st.sampled_from([r for r in CORPUS if len(r) < 4096]), min_size=1, max_size=2))
+    return _mutate(draw, bytearray(b"".join(picked)))
+
+
 @st.composite
 def heads(draw: st.DrawFn) -> bytes:
     """One to three requests, mostly well formed, each with a few of its bytes changed to odd ones."""
@@ -435,22 +457,11 @@ def heads(draw: st.DrawFn) -> bytes:
         if draw(st.integers(0, 9)):
             lines.append(b"Host: oracle")
         lines += [name + b": " + value for name, value in draw(st.lists(st.sampled_from(FRAMING), max_size=3))]
-        wire = bytearray(b"\r\n".join(lines) + b"\r\n\r\n" + draw(st.sampled_from(BODIES)))
-        for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3]))):
-            at = draw(st.integers(0, len(wire)))
-            how = draw(st.sampled_from(["insert", "replace", "delete"]))
-            odd = draw(st.sampled_from(INTERESTING) | st.binary(min_size=1, max_size=2))
-            if how == "insert":
-                wire[at:at] = odd
-            elif how == "replace":
-                wire[at : at + 1] = odd
-            else:
-                del wire[at : at + 1]
-        out.append(bytes(wire))
+        out.append(_mutate(draw, bytearray(b"\r\n".join(lines) + b"\r\n\r\n" + draw(st.sampled_from(BODIES)))))
     return b"".join(out)
 
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 SOAK = settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -465,5 +476,20 @@ def test_generated_heads_agree_with_h11(oracle_server: tuple[WSGIServer, Recorde
 @SOAK
 @given(data=heads())
 def test_generated_heads_agree_with_h11_soak(oracle_server: tuple[WSGIServer, Recorder], data: bytes) -> None:
+    server, recorder = oracle_server
+    check(server.server_port, recorder, data)
+
+
+@FAST
+@given(data=mutated_corpus())
+def test_mutated_corpus_requests_agree_with_h11(oracle_server: tuple[WSGIServer, Recorder], data: bytes) -> None:
+    server, recorder = oracle_server
+    check(server.server_port, recorder, data)
+
+
+@pytest.mark.soak
+@SOAK
+@given(data=mutated_corpus())
+def test_mutated_corpus_requests_agree_with_h11_soak(oracle_server: tuple[WSGIServer, Recorder], data: bytes) -> None:
     server, recorder = oracle_server
     check(server.server_port, recorder, data)
