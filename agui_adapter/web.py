@@ -17,7 +17,10 @@ CORS (``cors_origins``; none by default, and then no CORS header at all): a pref
 ``OPTIONS`` on a known route is answered 204 before auth (a preflight never carries the
 bearer token), with the ``Access-Control-Allow-*`` headers only when the ``Origin`` is
 allowed; every actual response to an allowed origin carries ``Access-Control-Allow-Origin``
-(the origin itself) and exposes ``X-Request-ID`` and ``Retry-After``.
+(the origin itself) and exposes ``X-Request-ID`` and ``Retry-After``. Only a valid serialized
+origin (``scheme://host[:port]``, ASCII, no control byte) is ever allowed, and so reflected,
+whatever ``cors_origins`` says (``*`` included): anything else (``null``, a path, a bare CR
+that another server let through) is answered as an origin not allowed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -93,6 +97,10 @@ CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
 _ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
+_SERIALIZED_ORIGIN = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?"
+)
+"""An origin as browsers serialize it (RFC 6454 6.2): the only ``Origin`` ever reflected."""
 
 
 class CorsPolicy:
@@ -105,7 +113,9 @@ class CorsPolicy:
         self.origins = frozenset(items)
 
     def allows(self, origin: str) -> bool:
-        return bool(origin) and (self.any_origin or origin.lower() in self.origins)
+        if not origin or len(origin) > 512 or not _SERIALIZED_ORIGIN.fullmatch(origin):
+            return False  # never reflected: no header can carry it safely, whatever the setting
+        return self.any_origin or origin.lower() in self.origins
 
     def response_headers(self, origin: str) -> list[tuple[str, str]]:
         """What every actual response carries (``Vary: Origin`` whenever CORS is on)."""
