@@ -23,12 +23,15 @@ it goes on, on a thread of its own, into its journal, until it ends or nobody ha
 attached for the grace period (the machine's ``abandoned``).
 
 What operators see of a run is counted here too, cheaply: events and bytes per written
-chunk (one add each, never per event), the time to the first event after RUN_STARTED,
-the outcome at ``Finish`` (``metrics``), a client gone before the end; and one log line
-sums the run up (outcome, error code, events, bytes, duration) just before its final
-chunk is handed to the server, or when the body is closed if none was (abandoned).
+chunk (one add each, never per event), the time to the first event after RUN_STARTED and
+the run's duration, both observed at ``Finish`` by run mode and outcome (``metrics``), a
+client gone before the end, a run going on detached; and one log line sums the run up
+(outcome, error code, events, bytes, duration) just before its final chunk is handed to
+the server, or when the body is closed if none was (abandoned).
 While the body is iterated or closed, ``RUN_IDS`` holds the run's thread and run ids, so
-every log line of the run (the machine's, the kernel pump's) carries them (``logs``).
+every log line of the run (the machine's, the kernel pump's) carries them (``logs``), and
+the run's span (``tracing``, when on) is current, so that its kernel calls and state writes
+are its children; the span ends with the run.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unav
 from .record import Mutation, RetireExecution, StaleExecution
 from .run_machine import RunMachine
 from .store import StoreError
+from .tracing import NO_TRACE
 from .translate import BUSY_STATES, inspect_frame
 
 if TYPE_CHECKING:
@@ -87,6 +91,10 @@ class RunDriver:
         self._metrics = engine.metrics
         self._ids = (self.thread_id, self.run_id)
         self._admitted = time.monotonic()
+        self._mode = admission.run_mode
+        self._trace = admission.trace if admission.trace is not None else NO_TRACE
+        self._trace.set(mode=self._mode)
+        self._first_event: float | None = None  # seconds from admission to the first event after RUN_STARTED
         self._events = 0  # events encoded for the client
         self._bytes = 0  # bytes handed to the server (heartbeats included)
         self._finish: fx.Finish | None = None
@@ -108,6 +116,7 @@ class RunDriver:
     def __next__(self) -> bytes:
         self._began = True
         token = RUN_IDS.set(self._ids)
+        trace = self._trace.attach()
         try:
             while True:
                 if self._superseded():
@@ -116,6 +125,7 @@ class RunDriver:
                 if chunk is not _IDLE:
                     break
         finally:
+            self._trace.detach(trace)
             RUN_IDS.reset(token)
         if chunk is not ev.HEARTBEAT:
             self._journal_chunk(chunk)
@@ -127,6 +137,7 @@ class RunDriver:
         closed it, or the run is over. A live run whose client left goes on detached when
         a grace period is set or a reader took over; else it ends here."""
         token = RUN_IDS.set(self._ids)
+        trace = self._trace.attach()
         try:
             if self._detachable():
                 self._detach()
@@ -141,6 +152,7 @@ class RunDriver:
             finally:
                 self._wind_up()
         finally:
+            self._trace.detach(trace)
             RUN_IDS.reset(token)
 
     def _wind_up(self) -> None:
@@ -155,6 +167,15 @@ class RunDriver:
             self.engine.run_ended(self)
             if not self._summarized:  # abandoned: no final chunk was written
                 self._log_summary(self._bytes)
+            finish = self._finish
+            outcome = finish.outcome.value if finish is not None else "abandoned"
+            self._trace.end(
+                error=(finish.code or "error") if outcome == "error" and finish is not None else None,
+                outcome=outcome,
+                error_code=finish.code if finish is not None else None,
+                events_sent=self._events,
+                bytes_sent=self._bytes,
+            )
 
     def shut_down(self) -> None:
         """From another thread: end the run now with its final event (``shutting_down``)."""
@@ -255,7 +276,8 @@ class RunDriver:
         if to_client and not self._detached:
             self._metrics.events_sent(count)
             if before < 2 <= self._events:  # the first event after RUN_STARTED
-                self._metrics.first_event(time.monotonic() - self._admitted)
+                self._first_event = time.monotonic() - self._admitted
+                self._trace.first_event()
         chunk = ev.encode_many(out, before + 1)
         if self._finish is not None:  # the final events: sum the run up before the client sees its end
             self._log_summary(self._bytes + len(chunk))
@@ -340,6 +362,7 @@ class RunDriver:
                 self.engine.settings.disconnect_grace_seconds,
             )
         self._detached = True
+        self._metrics.run_detached()
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
         context = contextvars.copy_context()  # the request's id stays on the run's log lines
         thread = threading.Thread(
@@ -378,6 +401,7 @@ class RunDriver:
                 if not self.machine.ended:
                     self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
+                self._metrics.detached_run_ended()
                 self._wind_up()
                 RUN_IDS.reset(token)
 
@@ -414,7 +438,9 @@ class RunDriver:
         elif isinstance(effect, fx.Finish):
             self._finish = effect
             self._duration = time.monotonic() - self._admitted
-            self._metrics.run_finished(effect.outcome.value, effect.code, self._duration)
+            self._metrics.run_finished(
+                effect.outcome.value, effect.code, self._duration, self._mode, self._first_event
+            )
         return None
 
     def _log_summary(self, sent: int) -> None:

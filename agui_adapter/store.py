@@ -30,6 +30,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,6 +99,8 @@ class ThreadStore:
         self.threads_dir = self.root / "threads"
         self._stripes = [threading.Lock() for _ in range(self._STRIPES)]
         self._ready = False
+        #: Told how long each successful write took, and whether it was durable (metrics, tracing).
+        self.on_write: Callable[[float, bool], None] | None = None
 
     def _ensure_dirs(self) -> None:
         if self._ready:
@@ -219,6 +222,7 @@ class ThreadStore:
             + b"\n"
         )
         tmp_name = None
+        started = time.perf_counter()
         try:
             fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.threads_dir)
             with os.fdopen(fd, "wb") as handle:
@@ -233,6 +237,9 @@ class ThreadStore:
                 self._sync_directory()
         except OSError as exc:
             raise StoreError(f"cannot write the thread state: {exc.strerror}") from exc
+        else:
+            if self.on_write is not None:
+                self.on_write(time.perf_counter() - started, durable)
         finally:
             if tmp_name is not None:
                 with contextlib.suppress(OSError):

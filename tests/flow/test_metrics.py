@@ -69,10 +69,21 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def histogram(samples: Samples, name: str) -> tuple[list[tuple[float, float]], float, float]:
-    """(le, cumulative count) in order, the sum and the count of an unlabelled histogram."""
-    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in samples.items() if k[0] == name + "_bucket")
-    return buckets, value(samples, name + "_sum"), value(samples, name + "_count")
+def histogram(samples: Samples, name: str, **labels: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(le, cumulative count) in order, the sum and the count of a histogram, added up over
+    its label sets (those matching ``labels``)."""
+
+    def matching(key: tuple[str, tuple[tuple[str, str], ...]], suffix: str) -> bool:
+        return key[0] == name + suffix and all(dict(key[1]).get(k) == v for k, v in labels.items())
+
+    buckets: dict[float, float] = {}
+    for key, count in samples.items():
+        if matching(key, "_bucket"):
+            le = float(dict(key[1])["le"])
+            buckets[le] = buckets.get(le, 0.0) + count
+    total = sum(v for k, v in samples.items() if matching(k, "_sum"))
+    observed = sum(v for k, v in samples.items() if matching(k, "_count"))
+    return sorted(buckets.items()), total, observed
 
 
 def check_histogram(samples: Samples, name: str, count: int) -> None:
@@ -160,6 +171,9 @@ def test_a_scrape_counts_runs_by_outcome_events_and_latencies(make_adapter: Any,
     assert value(after, "agui_events_sent_total") == read  # every event written, counted once
     check_histogram(after, "agui_run_first_event_seconds", 4)
     check_histogram(after, "agui_run_duration_seconds", 4)
+    for outcome in ("success", "interrupt", "error", "abandoned"):  # by run mode and outcome
+        for name in ("agui_run_first_event_seconds", "agui_run_duration_seconds"):
+            assert histogram(after, name, mode="turn", outcome=outcome)[2] == 1.0, (name, outcome)
     # the silent run lasted until its client left (at least one heartbeat), longer than the rest
     buckets, total, _ = histogram(after, "agui_run_duration_seconds")
     assert total >= 0.2

@@ -107,7 +107,7 @@ def test_the_multiprocess_backend_adds_up_processes(tmp_path: Path) -> None:
     values = {(s.name, tuple(s.labels.items())): s.value for f in families.values() for s in f.samples}  # type: ignore[attr-defined]
     assert values[("agui_events_sent_total", ())] == 10.0
     assert values[("agui_runs_total", (("outcome", "success"),))] == 2.0
-    assert values[("agui_run_duration_seconds_count", ())] == 2.0
+    assert values[("agui_run_duration_seconds_count", (("mode", "turn"), ("outcome", "success")))] == 2.0
     # summed over the processes' files (gunicorn's child_exit hook removes a dead worker's)
     assert values[("agui_runs_active", ())] == 1.0
 
