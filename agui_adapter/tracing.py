@@ -17,9 +17,8 @@ own); one trace shows where its time went. With the optional ``otel`` extra
 - JSON log lines carry ``trace_id`` and ``span_id`` (``logs.trace_ids``).
 
 When it is on: ``OTEL_SDK_DISABLED`` is not ``true``, opentelemetry-api is installed, and
-either OpenTelemetry is already set up in the process (imported by
-``opentelemetry-instrument`` or by the application hosting the WSGI app: its tracer
-provider is used) or one of ``OTEL_TRACES_EXPORTER``, ``OTEL_EXPORTER_OTLP_ENDPOINT``,
+either a tracer provider is already set in the process (by ``opentelemetry-instrument``,
+or by the application hosting the WSGI app: it is used) or one of ``OTEL_TRACES_EXPORTER``, ``OTEL_EXPORTER_OTLP_ENDPOINT``,
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_SERVICE_NAME`` is set. Then, if no tracer
 provider was set and opentelemetry-sdk is installed, the SDK is configured from the standard
 variables: resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), sampler
@@ -277,8 +276,9 @@ def wanted(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     if _truthy(env.get("OTEL_SDK_DISABLED")):
         return False
-    if "opentelemetry.trace" in sys.modules:  # set up already (opentelemetry-instrument, a host app)
-        return True
+    api = sys.modules.get("opentelemetry.trace")
+    if api is not None and not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider):
+        return True  # set up already (opentelemetry-instrument, or the application hosting this one)
     return any(env.get(name, "").strip() for name in WANTED_BY)
 
 

@@ -232,6 +232,10 @@ class ScriptedKernelApp:
                 "headers": {
                     "authorization": "Authorization" in request.headers,
                     "a2a-version": version,
+                    # what a client passes on besides its call (request id, W3C trace context)
+                    "x-request-id": request.headers.get("X-Request-ID"),
+                    "traceparent": request.headers.get("traceparent"),
+                    "tracestate": request.headers.get("tracestate"),
                 },
                 "id": rid,
             }
