@@ -18,8 +18,9 @@ own); one trace shows where its time went. With the optional ``otel`` extra
 
 When it is on: ``OTEL_SDK_DISABLED`` is not ``true``, opentelemetry-api is installed, and
 either a tracer provider is already set in the process (by ``opentelemetry-instrument``,
-or by the application hosting the WSGI app: it is used) or one of ``OTEL_TRACES_EXPORTER``, ``OTEL_EXPORTER_OTLP_ENDPOINT``,
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_SERVICE_NAME`` is set. Then, if no tracer
+or by the application hosting the WSGI app: it is used) or one of ``OTEL_TRACES_EXPORTER``,
+``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+``OTEL_SERVICE_NAME`` is set. Then, if no tracer
 provider was set and opentelemetry-sdk is installed, the SDK is configured from the standard
 variables: resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), sampler
 (``OTEL_TRACES_SAMPLER``), and the exporters named by ``OTEL_TRACES_EXPORTER`` (``otlp`` by
