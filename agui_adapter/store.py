@@ -17,6 +17,10 @@ A process that opened a lock file just before it was unlinked would otherwise lo
 inode while a newcomer locks the new file; so every acquisition checks, once the lock is
 held, that the path still names the inode it locked (``fstat`` against ``stat``), and
 starts over when it does not.
+
+Each successful write's duration is handed to ``on_write`` when one is set (the state-write
+latency of ``/metrics`` and, with tracing, a span): the writes dominate a run's time to its
+first event, so operators see them.
 """
 
 from __future__ import annotations
