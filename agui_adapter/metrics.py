@@ -47,7 +47,6 @@ import bisect
 import importlib.util
 import logging
 import os
-import platform
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -382,6 +381,8 @@ def process_readings() -> list[Reading]:
         readings.append(("process_max_fds", "Maximum number of open file descriptors.", [({}, float(soft))]))
     except (OSError, ValueError, IndexError, AssertionError):
         pass
+    import platform  # only when scraped without prometheus_client
+
     major, minor, patch = platform.python_version_tuple()
     info = {
         "implementation": platform.python_implementation(),

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 
 
 def _expired(expires_at: object, now: float) -> bool:
     if not isinstance(expires_at, str):
         return False
+    from datetime import datetime, timezone  # read at scrape time only
+
     try:
         return datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() <= now
     except ValueError:
