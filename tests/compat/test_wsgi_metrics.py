@@ -143,6 +143,11 @@ def test_one_scrape_gives_the_totals_of_all_gunicorn_workers(tmp_path: Path, scr
         assert len(summaries) == 6, log_path.read_text()[-3000:]
         pids = {e["pid"] for e in summaries}
         assert len(pids) == 2, f"the runs did not spread over both workers\n{log_path.read_text()[-3000:]}"
+        # the access log is the app's: under gunicorn too, one line per stream once it ended
+        entries = [json.loads(x) for x in log_path.read_text(errors="replace").splitlines() if x.startswith("{")]
+        streams = [e for e in entries if e["logger"] == "agui_adapter.access" and e.get("route") == "run"]
+        assert len(streams) == 6 and all(e["status"] == 200 and e["bytes_sent"] > 0 for e in streams), streams
+        assert {(e["thread_id"], e["run_id"]) for e in streams} == {(e["thread_id"], e["run_id"]) for e in summaries}
 
         for _ in range(4):  # whichever worker answers
             samples = _scrape(url)
