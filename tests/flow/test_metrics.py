@@ -339,3 +339,17 @@ def test_kernel_call_errors_are_counted_by_method_and_kind(tmp_path: Path, works
         assert value(samples, "agui_build_info", kernel="external", version=__version__) == 1.0
     finally:
         adapter.stop()
+
+
+def test_a_run_going_on_without_its_client_is_a_detached_run(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter(heartbeat_seconds=0.2, disconnect_grace_seconds=1.0)
+    sock, _ = _open_silent_run(adapter.url, workspace)
+    assert value(scrape(adapter.url), "agui_runs_detached") == 0.0
+    sock.close()  # the client goes away: the run goes on for the grace period
+    deadline = time.monotonic() + 10
+    while value(scrape(adapter.url), "agui_runs_detached") != 1.0:
+        assert time.monotonic() < deadline, "the run never detached"
+        time.sleep(0.05)
+    samples = _wait_for_the_abandoned_run(adapter.url)  # nobody reattached within the grace period
+    assert value(samples, "agui_runs_detached") == 0.0
+    assert histogram(samples, "agui_run_duration_seconds", mode="turn", outcome="abandoned")[2] == 1.0
