@@ -44,7 +44,6 @@ The hot path (events sent) is one counter add per written chunk, never per event
 from __future__ import annotations
 
 import bisect
-import importlib.util
 import logging
 import os
 import threading
@@ -257,6 +256,8 @@ def client_installed() -> bool:
     """Whether prometheus_client can be imported (asked once, without importing it)."""
     global _client_installed
     if _client_installed is None:
+        import importlib.util
+
         _client_installed = importlib.util.find_spec("prometheus_client") is not None
     return _client_installed
 

@@ -47,7 +47,6 @@ span, ERROR status only for 5xx, the span ended when the response is closed):
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import sys
@@ -288,6 +287,8 @@ def from_environment(env: Mapping[str, str] | None = None) -> Tracing:
     env = os.environ if env is None else env
     if not wanted(env):
         return Tracing()
+    import importlib.util
+
     if importlib.util.find_spec("opentelemetry") is None or importlib.util.find_spec("opentelemetry.trace") is None:
         log.warning("OTEL_* variables are set but opentelemetry-api is not installed (pip install agui-adapter[otel])")
         return Tracing()
@@ -306,6 +307,8 @@ def _configure_sdk(env: Mapping[str, str]) -> None:
 
     if _configured or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return
+    import importlib.util
+
     if importlib.util.find_spec("opentelemetry.sdk") is None:
         log.info("opentelemetry-sdk is not installed: spans are not recorded, trace context is passed on")
         return

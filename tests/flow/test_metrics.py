@@ -353,3 +353,14 @@ def test_a_run_going_on_without_its_client_is_a_detached_run(make_adapter: Any, 
     samples = _wait_for_the_abandoned_run(adapter.url)  # nobody reattached within the grace period
     assert value(samples, "agui_runs_detached") == 0.0
     assert histogram(samples, "agui_run_duration_seconds", mode="turn", outcome="abandoned")[2] == 1.0
+
+
+def test_a_pipeline_run_is_labelled_pipeline(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter()
+    body = run_body("price the plans", cwd=str(workspace), runMode="pipeline", pipelineName="selling")
+    result = adapter.client().run(body)
+    assert result.status == 200 and result.terminal["type"] in ("RUN_FINISHED", "RUN_ERROR")
+    _wait_idle(adapter.url)
+    samples = scrape(adapter.url)
+    assert histogram(samples, "agui_run_duration_seconds", mode="pipeline")[2] == 1.0
+    assert histogram(samples, "agui_run_duration_seconds", mode="turn")[2] == 0.0
