@@ -47,6 +47,8 @@ class Settings:
     allowed_cwds: str = ""
     log_level: str = "info"
     log_format: str = "text"  # or "json": one JSON object per line (``logs.py``)
+    #: One line per request (``access_log.py``); ``--no-access-log`` turns it off.
+    access_log: bool = True
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
@@ -96,6 +98,7 @@ ENV_NAMES: dict[str, str] = {
     "allowed_cwds": "IAC_CODE_AGUI_ALLOWED_CWDS",
     "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
     "log_format": "IAC_CODE_AGUI_LOG_FORMAT",
+    "access_log": "IAC_CODE_AGUI_ACCESS_LOG",
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
     "thread_retention_days": "IAC_CODE_AGUI_THREAD_RETENTION_DAYS",
@@ -178,13 +181,15 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= days < float("inf"):
             raise ConfigError(f"thread_retention_days must be 0 (off) or a positive number, got {value!r}.")
         return days
-    if name == "allow_remote_kernel":
+    if name in ("allow_remote_kernel", "access_log"):
+        if isinstance(value, bool):
+            return value
         text = str(value).strip().lower()
         if text in ("1", "true", "yes", "on"):
             return True
         if text in ("0", "false", "no", "off", ""):
             return False
-        raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
+        raise ConfigError(f"{name} must be true or false, got {value!r}.")
     if name == "cors_origins":
         return _cors_origins(value)
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)

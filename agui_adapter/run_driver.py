@@ -30,12 +30,15 @@ disconnect within a fraction of a second. Under other servers the next write tel
 (a heartbeat at the latest).
 
 What operators see of a run is counted here too, cheaply: events and bytes per written
-chunk (one add each, never per event), the time to the first event after RUN_STARTED,
-the outcome at ``Finish`` (``metrics``), a client gone before the end; and one log line
-sums the run up (outcome, error code, events, bytes, duration) just before its final
-chunk is handed to the server, or when the body is closed if none was (abandoned).
+chunk (one add each, never per event), the time to the first event after RUN_STARTED and
+the run's duration, both observed at ``Finish`` by run mode and outcome (``metrics``), a
+client gone before the end, a run going on detached; and one log line sums the run up
+(outcome, error code, events, bytes, duration) just before its final chunk is handed to
+the server, or when the body is closed if none was (abandoned).
 While the body is iterated or closed, ``RUN_IDS`` holds the run's thread and run ids, so
-every log line of the run (the machine's, the kernel pump's) carries them (``logs``).
+every log line of the run (the machine's, the kernel pump's) carries them (``logs``), and
+the run's span (``tracing``, when on) is current, so that its kernel calls and state writes
+are its children; the span ends with the run.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unav
 from .record import Mutation, RetireExecution, StaleExecution
 from .run_machine import RunMachine
 from .store import StoreError
+from .tracing import NO_TRACE
 from .translate import BUSY_STATES, inspect_frame
 
 if TYPE_CHECKING:
@@ -102,6 +106,10 @@ class RunDriver:
         self._metrics = engine.metrics
         self._ids = (self.thread_id, self.run_id)
         self._admitted = time.monotonic()
+        self._mode = admission.run_mode
+        self._trace = admission.trace if admission.trace is not None else NO_TRACE
+        self._trace.set(mode=self._mode)
+        self._first_event: float | None = None  # seconds from admission to the first event after RUN_STARTED
         self._events = 0  # events encoded for the client
         self._bytes = 0  # bytes handed to the server (heartbeats included)
         self._finish: fx.Finish | None = None
@@ -127,6 +135,7 @@ class RunDriver:
     def __next__(self) -> bytes:
         self._began = True
         token = RUN_IDS.set(self._ids)
+        trace = self._trace.attach()
         try:
             while True:
                 if self._hung_up():
@@ -135,6 +144,7 @@ class RunDriver:
                 if chunk is not _IDLE:
                     break
         finally:
+            self._trace.detach(trace)
             RUN_IDS.reset(token)
         if chunk is not ev.HEARTBEAT:
             self._journal_chunk(chunk)
@@ -147,6 +157,7 @@ class RunDriver:
         readers follow it; else it ends here."""
         token = RUN_IDS.set(self._ids)
         self._watch = self._client_gone = None  # the connection may serve other requests now
+        trace = self._trace.attach()
         try:
             if self._detachable():
                 self._detach()
@@ -161,6 +172,7 @@ class RunDriver:
             finally:
                 self._wind_up()
         finally:
+            self._trace.detach(trace)
             RUN_IDS.reset(token)
 
     def _wind_up(self) -> None:
@@ -175,6 +187,15 @@ class RunDriver:
             self.engine.run_ended(self)
             if not self._summarized:  # abandoned: no final chunk was written
                 self._log_summary(self._bytes)
+            finish = self._finish
+            outcome = finish.outcome.value if finish is not None else "abandoned"
+            self._trace.end(
+                error=(finish.code or "error") if outcome == "error" and finish is not None else None,
+                outcome=outcome,
+                error_code=finish.code if finish is not None else None,
+                events_sent=self._events,
+                bytes_sent=self._bytes,
+            )
 
     def shut_down(self) -> None:
         """From another thread: end the run now with its final event (``shutting_down``)."""
@@ -277,7 +298,8 @@ class RunDriver:
         if to_client and not self._detached:
             self._metrics.events_sent(count)
             if before < 2 <= self._events:  # the first event after RUN_STARTED
-                self._metrics.first_event(time.monotonic() - self._admitted)
+                self._first_event = time.monotonic() - self._admitted
+                self._trace.first_event()
         chunk = ev.encode_many(out, before + 1)
         if out and out[-1]["type"] in _TERMINAL:
             self._terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
@@ -363,6 +385,7 @@ class RunDriver:
             self.engine.settings.disconnect_grace_seconds,
         )
         self._detached = True
+        self._metrics.run_detached()
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
         context = contextvars.copy_context()  # the request's id stays on the run's log lines
         thread = threading.Thread(
@@ -408,6 +431,7 @@ class RunDriver:
                 if not self.machine.ended:
                     self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
+                self._metrics.detached_run_ended()
                 self._wind_up()
                 RUN_IDS.reset(token)
 
@@ -444,7 +468,9 @@ class RunDriver:
         elif isinstance(effect, fx.Finish):
             self._finish = effect
             self._duration = time.monotonic() - self._admitted
-            self._metrics.run_finished(effect.outcome.value, effect.code, self._duration)
+            self._metrics.run_finished(
+                effect.outcome.value, effect.code, self._duration, self._mode, self._first_event
+            )
         return None
 
     def _log_summary(self, sent: int) -> None:

@@ -40,6 +40,7 @@ from .run_driver import RunDriver
 from .run_effects import Mode
 from .run_machine import RunMachine
 from .store import RunLock, StoreError, ThreadStore
+from .tracing import Tracing
 from .translate import TERMINAL_STATES, inspect_frame
 from .validation import RunInput, request_digest
 from .workspace import Workspaces, ensure_workspace
@@ -68,6 +69,14 @@ class Admission:
     mode: Mode
     parts: list[dict[str, Any]] = field(default_factory=list)
     stale_task_id: str | None = None  # a task of the thread's previous execution that may still run
+    trace: Any = None  # the run's span (``tracing``), set by the HTTP edge
+
+    @property
+    def run_mode(self) -> str:
+        """The run's mode as operators see it: turn, resume, guidance, or pipeline (a pipeline's turn)."""
+        if self.mode is Mode.TURN and self.run_input.props.run_mode == "pipeline":
+            return "pipeline"
+        return self.mode.value
 
     @property
     def thread_id(self) -> str:
@@ -90,12 +99,14 @@ class RunEngine:
         clock: Callable[[], float] = time.time,
         env: dict[str, str] | None = None,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.kernel = kernel
         self.settings = settings
         self.clock = clock
         self.metrics = metrics if metrics is not None else Metrics()
+        self.tracing = tracing if tracing is not None else Tracing()
         self._env = dict(os.environ if env is None else env)
         self._live: set[RunDriver] = set()  # runs whose body is open; each holds a run slot
         self._live_lock = threading.Lock()

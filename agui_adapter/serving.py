@@ -177,6 +177,9 @@ class WSGIServer:
             http_date(time.time()),
             [("Retry-After", str(self.limits.retry_after_seconds))],
         )
+        served_by = getattr(app, "served_by", None)
+        if callable(served_by):  # the app may watch the server (its open connections, for /metrics)
+            served_by(self)
 
     # ================================================================== accept loop
     def serve_forever(self, poll_interval: float | None = None) -> None:
@@ -288,6 +291,11 @@ class WSGIServer:
             pass
         for conn in idle:
             conn.abort()
+
+    def open_connections(self) -> int:
+        """How many connections are open (reserve ones included); cheap enough for every scrape."""
+        with self._lock:
+            return self._regular + self._reserve
 
     def connections(self) -> list[ConnectionInfo]:
         """The open connections (reserve ones included)."""

@@ -8,10 +8,15 @@ run's generator, returned as the WSGI iterable itself so that servers call its
 ``close()`` when the client goes away.
 
 Every request has an id: the client's ``X-Request-ID`` when it is printable ASCII of at
-most 128 characters, else a fresh one. It is echoed on every response and, through a
-context variable read by a log record factory installed with the app, appended to every
-log line written while the request is handled, its SSE body's iterations included (the
-server iterates the body later, so the body is wrapped to set the id around each step).
+most 128 characters, else a fresh one. It is echoed on every response, passed on to the
+kernel (``kernel_calls``) and, through a context variable read by a log record factory
+installed with the app, appended to every log line written while the request is handled,
+its SSE body's iterations included (the server iterates the body later, so the body is
+wrapped to set the id around each step: ``access_log.ResponseBody``, which also writes the
+request's access line when the response is over). Once a request names its thread and run
+(a run, a reattach, a cancel), every line of it carries their ids (``logs.RUN_IDS``),
+refusals included. With tracing on (``tracing``), each request is a span continuing the
+client's ``traceparent``, and a run's admission a child of the run's span.
 
 CORS (``cors_origins``; none by default, and then no CORS header at all): a preflight
 ``OPTIONS`` on a known route is answered 204 before auth (a preflight never carries the
@@ -25,7 +30,6 @@ that another server let through) is answered as an origin not allowed.
 
 from __future__ import annotations
 
-import contextvars
 import hmac
 import json
 import logging
@@ -44,16 +48,18 @@ from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
-from . import PROTOCOL_VERSION, __version__, console_page
+from . import PROTOCOL_VERSION, __version__, console_page, logs
 from . import events as ev
 from . import messages as msg
 from .a2a import KernelClient
+from .access_log import IDS_KEY, Exchange, ResponseBody
 from .connection import CLIENT_GONE_KEY
 from .errors import AguiError, Code
 from .i18n import negotiate_language, translate
 from .journal import JournalReader, ReplayUnavailable, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .runs import RunEngine
+from .runs import Admission, RunEngine
+from .tracing import Tracing
 from .validation import (
     check_json_text,
     check_thread_header,
@@ -74,8 +80,8 @@ ROUTE_KEY = "agui_adapter.route"
 
 MAX_REQUEST_ID = 128
 REQUEST_ID_HEADER = "X-Request-ID"
-#: The id of the request being handled on this thread (None outside a request).
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("agui_request_id", default=None)
+#: The id of the request being handled on this thread (None outside a request); kept in ``logs``.
+REQUEST_ID = logs.REQUEST_ID
 _REQUEST_IDS = random.Random(os.urandom(32))
 # forked workers (gunicorn --preload) must not all make the same ids
 os.register_at_fork(after_in_child=lambda: _REQUEST_IDS.seed(os.urandom(32)))
@@ -159,38 +165,6 @@ def install_request_id_logging() -> None:
         _factory_installed = True
 
 
-class RequestScoped:
-    """A WSGI body iterated (and closed) with its request's id set, on whichever thread."""
-
-    def __init__(self, body: Iterable[bytes], request_id: str) -> None:
-        self._body = body
-        self._iterator: Iterator[bytes] = iter(body)
-        self._request_id = request_id
-
-    def __iter__(self) -> RequestScoped:
-        return self
-
-    def __next__(self) -> bytes:
-        token = REQUEST_ID.set(self._request_id)
-        try:
-            return next(self._iterator)
-        finally:
-            REQUEST_ID.reset(token)
-
-    def close(self) -> None:
-        close = getattr(self._body, "close", None)
-        if close is None:
-            return
-        token = REQUEST_ID.set(self._request_id)
-        try:
-            close()
-        finally:
-            REQUEST_ID.reset(token)
-
-    def __getattr__(self, name: str) -> Any:  # anything else a server may ask the body
-        return getattr(self._body, name)
-
-
 SSE_HEADERS = [
     ("Content-Type", "text/event-stream; charset=utf-8"),
     ("Cache-Control", "no-cache"),
@@ -225,6 +199,16 @@ FIXED_ROUTES = {
 #: ``Accept`` values that obviously take the stream (parsing them would say the same).
 _STREAM_ACCEPTED = frozenset(("text/event-stream", "*/*", "text/event-stream, */*"))
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
+#: The route of each endpoint as a span names it (never the raw path).
+ROUTE_TEMPLATES = {
+    "run": "/",
+    "console": "/",
+    "health": "/health",
+    "ready": "/ready",
+    "metrics": "/metrics",
+    "cancel": "/extensions/iac-code/v1/executions/{executionId}/cancel",
+    "events": "/threads/{threadId}/runs/{runId}/events",
+}
 
 
 def json_response(
@@ -278,34 +262,63 @@ class AguiApp:
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
         self.cors = CorsPolicy(getattr(engine.settings, "cors_origins", ""))
+        self.access_log = bool(getattr(engine.settings, "access_log", True))
+        self.tracing: Tracing = getattr(engine, "tracing", None) or Tracing()
         install_request_id_logging()
+
+    def served_by(self, server: Any) -> None:
+        """The built-in server hands itself over (``serving``): its open connections and
+        their limit become gauges of ``/metrics``."""
+        self.engine.metrics.watch_connections(server.open_connections, server.limits.max_connections)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = request_id_for(environ)
         origin = environ.get("HTTP_ORIGIN", "")
         edge_headers = [(REQUEST_ID_HEADER, request_id), *self.cors.response_headers(origin)]
+        exchange = Exchange(environ, request_id, self.tracing.request(environ))
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             self.engine.metrics.http_request(environ.get(ROUTE_KEY, "unmatched"), status[:3])
+            exchange.status = int(status[:3]) if status[:3].isdigit() else 0
             return start_response(status, list(headers) + edge_headers, exc_info)
 
         token = REQUEST_ID.set(request_id)
+        ids_token = logs.RUN_IDS.set(None)  # the handler sets them once it knows them
+        trace_token = exchange.trace.attach()
         try:
+            body: Iterable[bytes] | None = None
             if self.cors.enabled and environ.get("REQUEST_METHOD") == "OPTIONS":
-                preflight = self._preflight(environ, start, origin)
-                if preflight is not None:
-                    return preflight
-            body = self._dispatch(environ, start)
+                body = self._preflight(environ, start, origin)
+            if body is None:
+                body = self._dispatch(environ, start)
             if environ.get("REQUEST_METHOD") == "HEAD":
                 # HEAD is answered like GET (/health, /ready) or refused like any other
                 # method, but never with a body, whatever the server does about it.
                 close = getattr(body, "close", None)
                 if close is not None:
                     close()
-                return []
+                body = []
+        except BaseException:
+            exchange.trace.end(error="the application failed")
+            raise
         finally:
+            endpoint = environ.get(ROUTE_KEY)
+            if endpoint is not None:
+                route = ROUTE_TEMPLATES.get(endpoint, endpoint)
+                exchange.trace.rename(f"{environ.get('REQUEST_METHOD', '')} {route}")
+            exchange.trace.detach(trace_token)
+            logs.RUN_IDS.reset(ids_token)
             REQUEST_ID.reset(token)
-        return body if isinstance(body, list) else RequestScoped(body, request_id)
+        if isinstance(body, list) and not self.access_log and not self.tracing.enabled:
+            return body  # nothing to do when it is over
+        return ResponseBody(body, exchange, access_log=self.access_log, route_key=ROUTE_KEY)
+
+    @staticmethod
+    def _known_ids(environ: dict[str, Any], thread_id: str, run_id: str | None) -> None:
+        """From here on, this request's log lines and its access line carry these ids."""
+        ids = (thread_id, run_id)
+        environ[IDS_KEY] = ids
+        logs.RUN_IDS.set(ids)  # reset by ``__call__`` when the app returns
 
     def _dispatch(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), None, self.default_language)
@@ -514,6 +527,7 @@ class AguiApp:
         try:
             check_json_text(payload, body)
             run_input = validate_run_input(payload)
+            self._known_ids(environ, run_input.thread_id, run_input.run_id)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
             after = last_event_id(environ)
             if after is not None:  # a reattach, if the thread knows this run with this body
@@ -521,7 +535,7 @@ class AguiApp:
                 reader = self.engine.reattach(run_input.thread_id, run_input.run_id, after, digest)
                 if reader is not None:
                     return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
-            admission = self.engine.admit(run_input, language)
+            admission = self._admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
@@ -537,6 +551,18 @@ class AguiApp:
             raise
         return body
 
+    def _admit(self, run_input: Any, language: str) -> Admission:
+        """``engine.admit`` as the first step of the run's span (``tracing``)."""
+        trace = self.tracing.run(run_input.thread_id, run_input.run_id)
+        try:
+            with trace.step("agui.admission"):
+                admission = self.engine.admit(run_input, language)
+        except BaseException as exc:
+            trace.end(error=str(getattr(exc, "code", "") or type(exc).__name__))
+            raise
+        admission.trace = trace
+        return admission
+
     def events(
         self, environ: dict[str, Any], start_response: StartResponse, language: str, thread_id: str, run_id: str
     ) -> Iterable[bytes]:
@@ -544,6 +570,7 @@ class AguiApp:
         after ``Last-Event-ID`` (from its first event without one), then live, followed by
         any number of readers at once. 204 when the reader already has all of an ended run
         (what stops a browser's ``EventSource`` from reconnecting)."""
+        self._known_ids(environ, thread_id, run_id)
         self._check_auth(environ)
         self._check_accept(environ)
         after = last_event_id(environ) or 0
@@ -606,5 +633,6 @@ class AguiApp:
         thread_id, ros_id = payload.get("threadId"), payload.get("rosInvocationId")
         if not (isinstance(thread_id, str) and thread_id and isinstance(ros_id, str) and ros_id):
             raise AguiError(Code.INVALID_INPUT, msg.CANCEL_FIELDS_REQUIRED)
+        self._known_ids(environ, thread_id, None)
         status = self.engine.cancel_execution(thread_id, ros_id, execution_id)
         return json_response(start_response, 200, {"executionId": execution_id, "status": status})

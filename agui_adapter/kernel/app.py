@@ -225,17 +225,11 @@ class ScriptedKernelApp:
         method = body.get("method")
         params = body.get("params")
         version = request.headers.get("A2A-Version")
-        self.state.log_request(
-            {
-                "method": method,
-                "params": params,
-                "headers": {
-                    "authorization": "Authorization" in request.headers,
-                    "a2a-version": version,
-                },
-                "id": rid,
-            }
-        )
+        headers: dict[str, Any] = {"authorization": "Authorization" in request.headers, "a2a-version": version}
+        for name in ("x-request-id", "traceparent", "tracestate"):  # what a client passes on, when it does
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        self.state.log_request({"method": method, "params": params, "headers": headers, "id": rid})
         if body.get("jsonrpc") != "2.0" or not isinstance(method, str):
             return rpc_error(rid, RpcError(-32600, "Invalid Request"))
         if (version or "").strip() != A2A_VERSION:
