@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qs
 
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -49,6 +50,7 @@ from .i18n import negotiate_language, translate
 from .journal import JournalReader, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .runs import RunEngine
+from .threads import ThreadViews, check_path_header
 from .validation import (
     check_json_text,
     check_thread_header,
@@ -92,6 +94,7 @@ CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
 _ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
+_ROUTE_METHODS["thread"] = _ROUTE_METHODS["messages"] = "GET, OPTIONS"
 
 
 class CorsPolicy:
@@ -199,6 +202,8 @@ URLS = Map(
             methods=["POST"],
         ),
         Rule("/threads/<path:thread_id>/runs/<path:run_id>/events", endpoint="events", methods=["GET"]),
+        Rule("/threads/<path:thread_id>/messages", endpoint="messages", methods=["GET"]),
+        Rule("/threads/<path:thread_id>", endpoint="thread", methods=["GET"]),
     ],
     strict_slashes=False,
 )
@@ -267,6 +272,7 @@ class AguiApp:
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
         self.cors = CorsPolicy(getattr(engine.settings, "cors_origins", ""))
+        self.threads = ThreadViews(engine)
         install_request_id_logging()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -330,6 +336,8 @@ class AguiApp:
                 return self.console(environ, start_response, language)
             if endpoint == "events":
                 return self.events(environ, start_response, language, args["thread_id"], args["run_id"])
+            if endpoint == "thread" or endpoint == "messages":
+                return self.thread(environ, start_response, str(endpoint), args["thread_id"])
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
@@ -540,6 +548,18 @@ class AguiApp:
             start_response("200 OK", list(SSE_HEADERS))
             return []
         return self._replay(start_response, self.engine.reattach(thread_id, run_id, after), language)
+
+    def thread(
+        self, environ: dict[str, Any], start_response: StartResponse, endpoint: str, thread_id: str
+    ) -> list[bytes]:
+        """``GET /threads/{threadId}`` and ``GET /threads/{threadId}/messages`` (``threads``)."""
+        self._check_auth(environ)
+        check_path_header(environ.get("HTTP_X_AGUI_THREAD_ID"), thread_id)
+        if endpoint == "thread":
+            return json_response(start_response, 200, self.threads.show(thread_id))
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        limit, before = query.get("limit", [None])[0], query.get("before", [None])[0]
+        return json_response(start_response, 200, self.threads.messages(thread_id, limit, before))
 
     def _replay(self, start_response: StartResponse, reader: JournalReader | None, language: str) -> Iterable[bytes]:
         assert reader is not None
