@@ -123,18 +123,19 @@ class ThreadViews:
         return {"threadId": thread_id, "messages": items, "nextCursor": next_cursor}
 
     def _kernel_conversation(self, record: ThreadRecord) -> list[Any]:
-        """The session's conversation as the kernel keeps it ([] when it has none)."""
+        """The session's conversation as the kernel keeps it ([] when it has none). The
+        kernel answers it for the context's current execution only (409 for another): that
+        of the thread's latest task, else of the context's most recently updated task."""
         kernel = self.engine.kernel
-        task_id = record.execution.task_id or _latest_task(record.runs)
-        if not task_id:
-            return []
         try:
-            task = kernel.get_task(task_id, timeout=10.0)
-            control = ((task.get("metadata") or {}).get("iac_code") or {}).get("executionControl") or {}
-            execution_id = control.get("executionId")
-            if not isinstance(execution_id, str) or not execution_id:
-                return []
-            status, body = kernel.session_recovery(record.context_id, execution_id)
+            task_id = record.execution.task_id or _latest_task(record.runs)
+            status, body = self._recovery(record, task_id) if task_id else (404, None)
+            if status == 409 or not task_id:
+                listed = kernel.call("ListTasks", {"contextId": record.context_id, "pageSize": 100}, timeout=10.0)
+                tasks = [t for t in (listed or {}).get("tasks") or [] if isinstance(t, dict)]
+                tasks.sort(key=lambda t: str((t.get("status") or {}).get("timestamp") or ""), reverse=True)
+                if tasks and tasks[0].get("id") != task_id:
+                    status, body = self._recovery(record, str(tasks[0].get("id")), tasks[0])
         except KernelRejected as exc:  # the kernel no longer knows the task (it lost it)
             log.info("thread %s: no conversation from the kernel: %s", record.thread_id, exc.detail)
             return []
@@ -145,6 +146,17 @@ class ThreadViews:
             log.info("thread %s: the kernel's session recovery answered %s", record.thread_id, status)
             return []
         return list(body["messages"])
+
+    def _recovery(self, record: ThreadRecord, task_id: str, task: Any = None) -> tuple[int, Any]:
+        """The kernel's session recovery for the execution of ``task_id``."""
+        kernel = self.engine.kernel
+        if task is None:
+            task = kernel.get_task(task_id, timeout=10.0)
+        control = ((task.get("metadata") or {}).get("iac_code") or {}).get("executionControl") or {}
+        execution_id = control.get("executionId")
+        if not isinstance(execution_id, str) or not execution_id:
+            return 404, None
+        return kernel.session_recovery(record.context_id, execution_id)
 
 
 def _latest_task(runs: list[RunEntry]) -> str | None:

@@ -217,10 +217,10 @@ class ScriptedKernelApp:
             ctx = self.state.contexts.get(context_id)
             tasks = [t for t in self.state.tasks.values() if t.context_id == context_id]
             if ctx is None or not tasks:
-                return json_response({"error": "A2A execution not found"}, 404)
+                return json_response({"error": "Execution was not found"}, 404)
             task = max(tasks, key=lambda t: t.seq)
             if task.execution_id != execution_id:
-                return json_response({"error": "A2A execution does not match the current execution"}, 409)
+                return json_response({"error": "executionId does not identify the current execution"}, 409)
             snapshot = self.state.snapshot_locked(task)
             control = snapshot["metadata"]["iac_code"]["executionControl"]
             output = [m["parts"][0]["text"] for m in snapshot.get("history", []) if m.get("parts")][-1:]

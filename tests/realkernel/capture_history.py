@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -64,14 +65,22 @@ def main(out: Path) -> None:
                 "ListTasks", {"contextId": context_id, "historyLength": 100, "includeArtifacts": True, "pageSize": 50})
             last = answers[f"GetTask {tasks[-1]} historyLength=100"]["result"]
             execution_id = last["metadata"]["iac_code"]["executionControl"]["executionId"]
-            url = f"{kernel.url}/iac-code/session/recovery?contextId={context_id}&executionId={execution_id}"
-            request = urllib.request.Request(url, headers=kernel.headers())
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    answers["GET /iac-code/session/recovery"] = {"status": response.status,
-                                                                 "body": json.loads(response.read())}
-            except urllib.error.HTTPError as exc:
-                answers["GET /iac-code/session/recovery"] = {"status": exc.code, "body": exc.read().decode()}
+            first = answers[f"GetTask {tasks[0]} historyLength=100"]
+            older = first["result"]["metadata"]["iac_code"]["executionControl"]["executionId"]
+            probes = {
+                "GET /iac-code/session/recovery": (context_id, execution_id),
+                "GET /iac-code/session/recovery (the first task's executionId)": (context_id, older),
+                "GET /iac-code/session/recovery (unknown executionId)": (context_id, "exec-unknown"),
+                "GET /iac-code/session/recovery (unknown contextId)": ("ctx-unknown", execution_id),
+            }
+            for name, (context, execution) in probes.items():
+                url = f"{kernel.url}/iac-code/session/recovery?contextId={context}&executionId={execution}"
+                request = urllib.request.Request(url, headers=kernel.headers())
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as response:
+                        answers[name] = {"status": response.status, "body": json.loads(response.read())}
+                except urllib.error.HTTPError as exc:
+                    answers[name] = {"status": exc.code, "body": exc.read().decode()}
             (out / "kernel-history.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False) + "\n")
         finally:
             adapters.stop_all()
