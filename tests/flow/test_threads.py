@@ -19,6 +19,7 @@ import requests
 
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
 from tests.support.flow import interrupted, wait_for
+from tests.support.kernel_rpc import rpc
 
 ALLOW = {"decision": "allow_once"}
 
@@ -312,3 +313,39 @@ def test_the_routes_are_counted_by_name(client: Client, adapter: Any, workspace:
     requests.get(thread_url(adapter, body["threadId"], "" if route == "thread" else "/messages"), timeout=10)
     metrics = requests.get(adapter.url + "metrics", timeout=10).text
     assert f'agui_http_requests_total{{route="{route}",status="200"}} 1' in metrics
+
+
+def test_a_run_of_another_process_is_shown_live(adapter_process: Any, workspace: Path) -> None:
+    a, b = (adapter_process("--heartbeat-seconds", "0.3", "--disconnect-grace-seconds", "30") for _ in range(2))
+    body = run_body("[SLOW] [SLOW] go", cwd=str(workspace))
+    stream = LiveStream(Client(a.url), body)
+    seen = stream.read_events(3)
+    active = live(b, body["threadId"])  # B runs nothing: it reads the record and A's journal
+    assert active["runId"] == body["runId"] and active["clientAttached"] is True and active["mode"] == "turn"
+    assert active["lastEventId"] >= seen[-1][0]
+    stream.close()
+    assert wait_for(lambda: live(b, body["threadId"]).get("clientAttached") is False)
+    pairs = Client(b.url).events(body["threadId"], body["runId"], live(b, body["threadId"])["lastEventId"]).rest()
+    assert pairs[-1][1]["type"] == "RUN_FINISHED"
+    assert wait_for(lambda: get_thread(b, body["threadId"])["activeRun"] is None)
+    assert get_thread(b, body["threadId"])["runs"][-1]["outcome"] == "success"
+
+
+def test_the_scripted_kernels_task_history_is_shaped_like_the_real_one(
+    client: Client, scripted_kernel: Any, workspace: Path
+) -> None:
+    """iac-code 0.16.0 (tests/data/history): GetTask/ListTasks history holds the agent's status
+    messages only (<taskId>-message, <taskId>-2), no user message, tool call or result."""
+    real = json.loads((Path(__file__).resolve().parents[1] / "data" / "history" / "kernel-history.json").read_text())
+    real_tasks = [v["result"] for k, v in real.items() if k.startswith("GetTask") and "historyLength" in k]
+    body, first = interrupted(client, workspace)
+    client.run(allow(body, first))
+    task_id = session_value(first)["taskId"]
+    scripted = rpc(scripted_kernel, "GetTask", {"id": task_id, "historyLength": 100}).json()["result"]
+    for task in [*real_tasks, scripted]:
+        history = task.get("history") or []
+        assert history and all(m["role"] == "ROLE_AGENT" for m in history)
+        assert {m["messageId"].removeprefix(task["id"]) for m in history} <= {"-message", "-2"}
+    context_id = session_value(first)["contextId"]
+    listed = rpc(scripted_kernel, "ListTasks", {"contextId": context_id, "historyLength": 100}).json()["result"]
+    assert [t["id"] for t in listed["tasks"]] == [task_id] and listed["tasks"][0]["history"] == scripted["history"]
