@@ -1,7 +1,7 @@
 """The thread resource against the real iac-code 0.16.0 kernel (issue 21).
 
 ``GET /threads/{threadId}`` after a turn, an interrupt (still listed, complete and answerable
-once the run's journal expired) and a live run; ``GET /threads/{threadId}/messages`` after
+once the run's journal expired), a live run and a pipeline waiting on a question; ``GET /threads/{threadId}/messages`` after
 turns with a tool call, checked against the streams the runs produced (ids included), the
 kernel's conversation being read from its session recovery view (``tests/data/history/``).
 """
@@ -134,3 +134,31 @@ def test_a_live_run_and_an_unknown_thread(adapters: Adapters, ws: Path, tag: str
     assert missing.json()["error"]["message"] == "Le fil de discussion est introuvable."
     other = requests.get(url(adapter, body["threadId"]), headers={"X-AGUI-Thread-Id": "x"}, timeout=10)
     assert other.status_code == 400 and "X-AGUI-Thread-Id" in other.json()["error"]["message"]
+
+
+def test_a_pipeline_waiting_on_a_question(adapters: Adapters, ws: Path, tag: str) -> None:
+    adapter = adapters.start("--replay-retention-seconds", "1")
+    client = Client(adapter.url)
+    props = {"runMode": "pipeline", "pipelineName": "selling", "candidatePresentation": "rich"}
+    body = run_body(f"[PIPE-SELL] [PIPE-ASK] a small website {tag}", thread_id=thread_id("pipe"), cwd=str(ws), **props)
+    first = client.run(body)
+    [question] = first.terminal["outcome"]["interrupts"]
+    assert question["metadata"]["kind"] == "ask_user_question"
+    events = url(adapter, body["threadId"], f"/runs/{body['runId']}/events")
+    wait_for(lambda: requests.head(events, timeout=5).status_code == 404, timeout=60)  # the journal expired
+    thread = get(adapter, body["threadId"])
+    assert thread["pendingInterrupts"] == [question] and thread["activeRun"] is None
+    assert thread["execution"]["executionId"] == session_value(first)["executionId"]
+    assert [(r["runId"], r["outcome"]) for r in thread["runs"]] == [(body["runId"], "interrupt")]
+    # answered from what the thread resource gave back: the pipeline goes on to its selection
+    answer = run_body(
+        None,
+        thread_id=body["threadId"],
+        cwd=str(ws),
+        resume=[{"interruptId": question["id"], "status": "resolved", "payload": {"selectedId": "sh"}}],
+        **props,
+    )
+    second = client.run(answer)
+    assert second.terminal["type"] == "RUN_FINISHED" and second.terminal["outcome"]["type"] == "interrupt"
+    [selection] = second.terminal["outcome"]["interrupts"]
+    assert get(adapter, body["threadId"])["pendingInterrupts"] == [selection]
