@@ -21,6 +21,7 @@ Where each answer comes from:
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from . import history
@@ -52,19 +53,29 @@ def answerable(pending: PendingInterrupt, now: float) -> bool:
         return True
 
 
-def thread_view(record: ThreadRecord, active_run: dict[str, Any] | None, now: float) -> dict[str, Any]:
-    """The JSON of ``GET /threads/{threadId}`` (sans-I/O)."""
+def thread_view(
+    record: ThreadRecord, active_run: dict[str, Any] | None, now: float, lost: Collection[str] = ()
+) -> dict[str, Any]:
+    """The JSON of ``GET /threads/{threadId}`` (sans-I/O). ``lost``: runs without an outcome
+    whose process died (their journal has no live writer): shown as ``EXECUTION_LOST``, what a
+    reader of their journal is told."""
     execution = record.execution
     pending = [] if execution.terminal else [p.interrupt for p in execution.pending.values() if answerable(p, now)]
     current = None
     if not execution.terminal:
         current = {"executionId": execution.execution_id, "rosInvocationId": execution.ros_invocation_id}
+    runs = []
+    for entry in record.runs:
+        shown = entry.public()
+        if entry.outcome is None and entry.run_id in lost:
+            shown.update(outcome="error", errorCode=Code.EXECUTION_LOST)
+        runs.append(shown)
     return {
         "threadId": record.thread_id,
         "activeRun": active_run,
         "pendingInterrupts": pending,
         "execution": current,
-        "runs": [entry.public() for entry in record.runs],
+        "runs": runs,
     }
 
 
@@ -87,27 +98,36 @@ class ThreadViews:
     # ------------------------------------------------------------------ GET /threads/{id}
     def show(self, thread_id: str) -> dict[str, Any]:
         record = self._record(thread_id)
-        return thread_view(record, self._active_run(record), self.engine.clock())
+        active, lost = self._runs_in_progress(record)
+        return thread_view(record, active, self.engine.clock(), lost)
 
-    def _active_run(self, record: ThreadRecord) -> dict[str, Any] | None:
+    def _runs_in_progress(self, record: ThreadRecord) -> tuple[dict[str, Any] | None, set[str]]:
+        """The thread's active run, and its runs without an outcome whose process died."""
         journals = self.engine.journals
         entries = {entry.run_id: entry for entry in record.runs}
         driver = self.engine.live_driver(record.thread_id)
+        active: dict[str, Any] | None = None
         if driver is not None:
             entry = entries.get(driver.run_id)
             progress = journals.progress(record.thread_id, driver.run_id)
             attached = progress[2] if progress is not None else driver.client_attached
             started = entry.started_at if entry is not None else None
             mode = entry.mode if entry is not None else driver.machine.mode.value
-            return _active(driver.run_id, progress[1] if progress else None, attached, started, mode)
-        # a run of another worker process: still without an outcome, its journal's writer alive
-        running = [entry for entry in reversed(record.runs) if entry.outcome is None]
+            active = _active(driver.run_id, progress[1] if progress else None, attached, started, mode)
+        # runs of other worker processes: still without an outcome, their journal's writer alive
+        mine = driver.run_id if driver is not None else None
+        running = [e for e in reversed(record.runs) if e.outcome is None and e.run_id != mine]
         running.sort(key=lambda entry: entry.mode == "guidance")  # the run holding the thread first
+        lost: set[str] = set()
         for entry in running:
             progress = journals.progress(record.thread_id, entry.run_id)
-            if progress is not None and progress[0]:
-                return _active(entry.run_id, progress[1], progress[2], entry.started_at, entry.mode)
-        return None
+            if progress is None:
+                continue  # no journal (yet, or any more): nothing to tell
+            if not progress[0]:
+                lost.add(entry.run_id)
+            elif active is None:
+                active = _active(entry.run_id, progress[1], progress[2], entry.started_at, entry.mode)
+        return active, lost
 
     # ------------------------------------------------------------------ GET /threads/{id}/messages
     def messages(self, thread_id: str, limit: str | None, before: str | None) -> dict[str, Any]:

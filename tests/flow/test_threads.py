@@ -349,3 +349,16 @@ def test_the_scripted_kernels_task_history_is_shaped_like_the_real_one(
     context_id = session_value(first)["contextId"]
     listed = rpc(scripted_kernel, "ListTasks", {"contextId": context_id, "historyLength": 100}).json()["result"]
     assert [t["id"] for t in listed["tasks"]] == [task_id] and listed["tasks"][0]["history"] == scripted["history"]
+
+
+def test_a_run_whose_process_died_is_shown_lost(adapter_process: Any, workspace: Path) -> None:
+    a, b = (adapter_process("--heartbeat-seconds", "0.3") for _ in range(2))
+    body = run_body("[SLOW] [SLOW] go", cwd=str(workspace))
+    stream = LiveStream(Client(a.url), body)
+    stream.read_events(3)
+    assert live(b, body["threadId"])["runId"] == body["runId"]
+    a.kill()
+    thread = wait_for(lambda: (t := get_thread(b, body["threadId"]))["activeRun"] is None and t)
+    assert thread["runs"][-1]["runId"] == body["runId"]
+    assert (thread["runs"][-1]["outcome"], thread["runs"][-1]["errorCode"]) == ("error", "EXECUTION_LOST")
+    assert thread["runs"][-1]["endedAt"] is None

@@ -1,9 +1,10 @@
 """The thread resource against the real iac-code 0.16.0 kernel (issue 21).
 
 ``GET /threads/{threadId}`` after a turn, an interrupt (still listed, complete and answerable
-once the run's journal expired), a live run and a pipeline waiting on a question; ``GET /threads/{threadId}/messages`` after
-turns with a tool call, checked against the streams the runs produced (ids included), the
-kernel's conversation being read from its session recovery view (``tests/data/history/``).
+once the run's journal expired), a live run and a pipeline waiting on a question;
+``GET /threads/{threadId}/messages`` after turns with a tool call, checked against the streams
+the runs produced (ids included), the kernel's conversation being read from its session
+recovery view (``tests/data/history/``).
 """
 
 from __future__ import annotations
