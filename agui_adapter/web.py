@@ -94,7 +94,7 @@ CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
 _ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
-_ROUTE_METHODS["thread"] = _ROUTE_METHODS["messages"] = "GET, OPTIONS"
+_ROUTE_METHODS["thread"] = _ROUTE_METHODS["messages"] = _ROUTE_METHODS["health"]
 
 
 class CorsPolicy:

@@ -362,3 +362,27 @@ def test_a_run_whose_process_died_is_shown_lost(adapter_process: Any, workspace:
     assert thread["runs"][-1]["runId"] == body["runId"]
     assert (thread["runs"][-1]["outcome"], thread["runs"][-1]["errorCode"]) == ("error", "EXECUTION_LOST")
     assert thread["runs"][-1]["endedAt"] is None
+
+
+def test_head_and_a_cors_preflight_on_the_thread_routes(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter(cors_origins="https://ui.example")
+    body = run_body("hello", cwd=str(workspace))
+    adapter.client().run(body)
+    for tail in ("", "/messages"):
+        url = thread_url(adapter, body["threadId"], tail)
+        head = requests.head(url, timeout=10)
+        assert head.status_code == 200 and head.content == b""
+        preflight = requests.options(
+            url,
+            headers={
+                "Origin": "https://ui.example",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "authorization, x-agui-thread-id",
+            },
+            timeout=10,
+        )
+        assert preflight.status_code == 204
+        assert preflight.headers["Access-Control-Allow-Methods"] == "GET, HEAD, OPTIONS"
+        assert "X-AGUI-Thread-Id" in preflight.headers["Access-Control-Allow-Headers"]
+        answer = requests.get(url, headers={"Origin": "https://ui.example"}, timeout=10)
+        assert answer.headers["Access-Control-Allow-Origin"] == "https://ui.example"
