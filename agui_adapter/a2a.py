@@ -545,3 +545,13 @@ class KernelClient:
             return response.status_code, response.json()
         except ValueError:
             return response.status_code, None
+
+    def session_recovery(self, context_id: str, execution_id: str) -> tuple[int, Any]:
+        """The kernel's recovery view of a context's current execution: its ``messages`` are
+        the session's conversation as the kernel keeps it (``GET /threads/{t}/messages``)."""
+        params = {"contextId": context_id, "executionId": execution_id}
+        response = self._extension("GET", "iac-code/session/recovery", params=params)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None

@@ -126,6 +126,12 @@ RUN_NOT_FOUND = "The run was not found, or its events are no longer kept."
 REPLAY_UNAVAILABLE = "The run's events after that id are no longer kept; start the run again."
 LAST_EVENT_ID_INVALID = "Last-Event-ID must be the id of an event of this run (a whole number)."
 
+# --- the thread resource (GET /threads/{threadId}, .../messages) ---------------------
+THREAD_NOT_FOUND = "The thread was not found."
+THREAD_PATH_HEADER_MISMATCH = "The X-AGUI-Thread-Id header must equal the threadId in the path."
+HISTORY_LIMIT_INVALID = "The limit parameter must be a whole number from 1 to {limit}."
+HISTORY_CURSOR_INVALID = "The before parameter must be a nextCursor returned by this route."
+
 
 def all_messages() -> dict[str, str]:
     """Every message constant of this module, by name."""

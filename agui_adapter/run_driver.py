@@ -54,11 +54,13 @@ from typing import TYPE_CHECKING, Any
 from . import events as ev
 from . import run_effects as fx
 from .a2a import FrameReader, KernelRejected, KernelUnavailable
+from .errors import Code
 from .events import Event
+from .interrupts import rfc3339
 from .journal import JournalWriter
 from .logs import RUN_IDS
 from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
-from .record import Mutation, RetireExecution, StaleExecution
+from .record import Mutation, RetireExecution, RunEnded, StaleExecution
 from .run_machine import RunMachine
 from .store import StoreError
 from .tracing import NO_TRACE
@@ -196,6 +198,11 @@ class RunDriver:
                 events_sent=self._events,
                 bytes_sent=self._bytes,
             )
+
+    @property
+    def client_attached(self) -> bool:
+        """Whether the run's own client still reads it (a run without a journal)."""
+        return not self._detached
 
     def shut_down(self) -> None:
         """From another thread: end the run now with its final event (``shutting_down``)."""
@@ -471,7 +478,21 @@ class RunDriver:
             self._metrics.run_finished(
                 effect.outcome.value, effect.code, self._duration, self._mode, self._first_event
             )
+            self._record_end(effect)
         return None
+
+    def _record_end(self, finish: fx.Finish) -> None:
+        """The run's outcome in the thread's recent runs (``GET /threads/{threadId}``), written
+        before its final events reach the client; a run whose client left ends ``CANCELLED``."""
+        outcome, code = finish.outcome.value, finish.code
+        if finish.outcome is fx.Outcome.ABANDONED:
+            outcome, code = fx.Outcome.ERROR.value, code or Code.CANCELLED
+        tool_calls: tuple[str, ...] = ()
+        if finish.outcome is fx.Outcome.INTERRUPT:
+            pending = self.machine.record.execution.pending.values()
+            tool_calls = tuple(str(p.interrupt.get("toolCallId")) for p in pending if p.interrupt.get("toolCallId"))
+        ended = RunEnded(self.run_id, outcome, rfc3339(self._clock()), code, self.machine.task_id, tool_calls)
+        self._persist(fx.Persist(ended))
 
     def _log_summary(self, sent: int) -> None:
         """The run's one summary line (its fields also as structured extras for JSON logs);

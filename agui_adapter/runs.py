@@ -33,9 +33,10 @@ from .a2a import KernelClient, KernelRejected, KernelUnavailable
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError, Code
+from .interrupts import rfc3339
 from .journal import JournalReader, JournalStore, ReplayUnavailable, RunNotFound
 from .metrics import Metrics
-from .record import Execution, RetireExecution, ThreadRecord
+from .record import Execution, RetireExecution, RunBegan, ThreadRecord
 from .run_driver import RunDriver
 from .run_effects import Mode
 from .run_machine import RunMachine
@@ -56,6 +57,11 @@ LEAVING_RUN_WAIT_SECONDS = 2.0
 
 def context_id_for(thread_id: str) -> str:
     return "agui-" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()[:40]
+
+
+def run_mode_name(mode: Mode, run_mode: str | None) -> str:
+    """What ``GET /threads/{threadId}`` calls a run: turn, resume, guidance or pipeline."""
+    return "pipeline" if mode is Mode.TURN and run_mode == "pipeline" else mode.value
 
 
 @dataclass
@@ -184,6 +190,7 @@ class RunEngine:
                         stale_task_id = record.execution.task_id
                     record.start_execution(str(uuid.uuid4()), props.ros_invocation_id)
                 record.remember_run(run_input.run_id, digest)
+                RunBegan(run_input.run_id, rfc3339(self.clock()), run_mode_name(mode, props.run_mode)).apply(record)
                 ensure_workspace(cwd)
                 self.store.save(record)
         except BaseException as exc:  # refused: the thread is given back at once
@@ -335,6 +342,13 @@ class RunEngine:
         if live:  # once per run, however often its body is closed
             self.metrics.run_closed()
             self._run_slots.release()
+
+    def live_driver(self, thread_id: str) -> RunDriver | None:
+        """This process's live run of the thread: the one holding it, else a guidance run."""
+        with self._live_lock:
+            drivers = [d for d in self._live if d.thread_id == thread_id and not d.machine.ended]
+        drivers.sort(key=lambda d: d.machine.mode is Mode.GUIDANCE)
+        return drivers[0] if drivers else None
 
     def live_runs(self) -> int:
         with self._live_lock:

@@ -221,8 +221,11 @@ class ThreadStore:
         survives a crash of the machine, not only of the process)."""
         self._ensure_dirs()
         path = self.path_for(record.thread_id)
+        # compact: the indenting encoder is pure Python, and a record holds its last 50 runs
         payload = (
-            json.dumps(record.to_json(), ensure_ascii=False, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
+            json.dumps(
+                record.to_json(), ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+            ).encode("utf-8")
             + b"\n"
         )
         tmp_name = None

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qs
 
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -59,6 +60,7 @@ from .i18n import negotiate_language, translate
 from .journal import JournalReader, ReplayUnavailable, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .runs import Admission, RunEngine
+from .threads import ThreadViews, check_path_header
 from .tracing import Tracing
 from .validation import (
     check_json_text,
@@ -103,6 +105,7 @@ CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
 _ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
+_ROUTE_METHODS["thread"] = _ROUTE_METHODS["messages"] = _ROUTE_METHODS["health"]
 _SERIALIZED_ORIGIN = re.compile(
     r"[A-Za-z][A-Za-z0-9+.-]*://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?"
 )
@@ -184,6 +187,8 @@ URLS = Map(
             methods=["POST"],
         ),
         Rule("/threads/<path:thread_id>/runs/<path:run_id>/events", endpoint="events", methods=["GET"]),
+        Rule("/threads/<path:thread_id>/messages", endpoint="messages", methods=["GET"]),
+        Rule("/threads/<path:thread_id>", endpoint="thread", methods=["GET"]),
     ],
     strict_slashes=False,
 )
@@ -208,6 +213,8 @@ ROUTE_TEMPLATES = {
     "metrics": "/metrics",
     "cancel": "/extensions/iac-code/v1/executions/{executionId}/cancel",
     "events": "/threads/{threadId}/runs/{runId}/events",
+    "thread": "/threads/{threadId}",
+    "messages": "/threads/{threadId}/messages",
 }
 
 
@@ -264,6 +271,7 @@ class AguiApp:
         self.cors = CorsPolicy(getattr(engine.settings, "cors_origins", ""))
         self.access_log = bool(getattr(engine.settings, "access_log", True))
         self.tracing: Tracing = getattr(engine, "tracing", None) or Tracing()
+        self.threads = ThreadViews(engine)
         install_request_id_logging()
 
     def served_by(self, server: Any) -> None:
@@ -354,6 +362,8 @@ class AguiApp:
                 return self.console(environ, start_response, language)
             if endpoint == "events":
                 return self.events(environ, start_response, language, args["thread_id"], args["run_id"])
+            if endpoint == "thread" or endpoint == "messages":
+                return self.thread(environ, start_response, str(endpoint), args["thread_id"])
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
@@ -594,6 +604,18 @@ class AguiApp:
             return []
         self.engine.attach_reader(thread_id, run_id, reader)
         return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
+
+    def thread(
+        self, environ: dict[str, Any], start_response: StartResponse, endpoint: str, thread_id: str
+    ) -> list[bytes]:
+        """``GET /threads/{threadId}`` and ``GET /threads/{threadId}/messages`` (``threads``)."""
+        self._check_auth(environ)
+        check_path_header(environ.get("HTTP_X_AGUI_THREAD_ID"), thread_id)
+        if endpoint == "thread":
+            return json_response(start_response, 200, self.threads.show(thread_id))
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        limit, before = query.get("limit", [None])[0], query.get("before", [None])[0]
+        return json_response(start_response, 200, self.threads.messages(thread_id, limit, before))
 
     def _replay(
         self,
