@@ -104,8 +104,9 @@ def test_a_failed_run_is_listed_with_its_error_code(client: Client, adapter: Any
     assert run["outcome"] == "error" and run["errorCode"] == result.terminal["code"]
 
 
-def test_a_live_run_with_and_without_its_client(make_adapter: Any, workspace: Path) -> None:
-    adapter = make_adapter(disconnect_grace_seconds=30, heartbeat_seconds=0.3)
+def test_a_live_run_with_and_without_its_client(make_full_scale_adapter: Any, workspace: Path) -> None:
+    # a run of about ten seconds (one delta a second): live while the test reads the resource
+    adapter = make_full_scale_adapter(disconnect_grace_seconds=30, heartbeat_seconds=0.3)
     client = adapter.client()
     body = run_body("[SLOW] [SLOW] go", cwd=str(workspace))
     stream = LiveStream(client, body)
