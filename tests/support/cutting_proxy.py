@@ -105,9 +105,7 @@ class CuttingProxy:
                         with self._lock:
                             budget = self.cuts.pop(0) if self.cuts else None
                     with self._lock:
-                        self.requests.append(
-                            Seen(method, path, header.group(1).decode() if header else None, budget)
-                        )
+                        self.requests.append(Seen(method, path, header.group(1).decode() if header else None, budget))
                     if budget is not None:
                         pending = budget
                 with cond:

@@ -32,6 +32,7 @@ function newAgent(threadId, messages = []) {
     initialMessages: messages,
     headers: spec.headers || {},
     reconnect: { initialDelayMs: 50, maxDelayMs: 400, ...(spec.reconnect || {}) },
+    cancelOnAbort: spec.cancelOnAbort !== false,
   });
 }
 
