@@ -286,22 +286,21 @@ export async function* runEvents(state, options) {
     const reader = response.body.getReader();
     const decoder = new TextDecoder("utf-8");
     const parser = new SSEParser();
-    let idle = null;
-    const idleTimeout = new Promise((_, reject) => {
-      idle = { reject };
-    });
-    idleTimeout.catch(() => {});
     let timer = null;
+    let idled = null;
     const arm = () => {
       clearTimeout(timer);
       if (policy.idleTimeoutMs > 0) {
-        timer = setTimeout(() => idle.reject(new Error(`no byte for ${policy.idleTimeoutMs} ms`)), policy.idleTimeoutMs);
+        timer = setTimeout(() => {
+          idled = new Error(`no byte for ${policy.idleTimeoutMs} ms`);
+          reader.cancel(idled).catch(() => {}); // the pending read ends: a drop like any other
+        }, policy.idleTimeoutMs);
       }
     };
     try {
       arm();
       for (;;) {
-        const { done, value } = await Promise.race([reader.read(), idleTimeout]);
+        const { done, value } = await reader.read();
         if (done) break;
         arm();
         for (const raw of parser.push(decoder.decode(value, { stream: true }))) {
@@ -326,7 +325,7 @@ export async function* runEvents(state, options) {
           if (terminal) return;
         }
       }
-      lastError = new Error(`the stream of run ${state.runId} ended before its terminal event`);
+      lastError = idled || new Error(`the stream of run ${state.runId} ended before its terminal event`);
     } catch (error) {
       if (signal?.aborted) throw abortError(signal);
       lastError = error;
@@ -403,13 +402,17 @@ function joinedResponse(state, options, template) {
     async pull(controller) {
       try {
         const { done, value } = await events.next();
-        if (done) controller.close();
-        else controller.enqueue(encoder.encode(frame(value)));
+        if (done) {
+          state.live = false;
+          controller.close();
+        } else controller.enqueue(encoder.encode(frame(value)));
       } catch (error) {
+        state.live = false;
         controller.error(error);
       }
     },
     cancel() {
+      state.live = false;
       stop.abort(); // the agent let go (detach, unsubscribe): stop reading, no reconnect
     },
   });

@@ -82,9 +82,9 @@ def drive(app: Path, spec: dict[str, Any], timeout: float = 120.0) -> dict[str, 
     return json.loads(proc.stdout)
 
 
-def proxy_to(adapter: Any, cuts: list[int]) -> CuttingProxy:
+def proxy_to(adapter: Any, cuts: list[int], *, freeze: bool = False) -> CuttingProxy:
     host, port = adapter.url.removeprefix("http://").rstrip("/").split(":")
-    return CuttingProxy((host, int(port)), cuts)
+    return CuttingProxy((host, int(port)), cuts, freeze=freeze)
 
 
 def iac(workspace: Path) -> dict[str, Any]:
@@ -246,3 +246,14 @@ def test_the_retry_budget_ends_a_stream_that_never_comes_back(adapter: Any, app:
     assert report["terminal"] is None
     assert report["errors"] and all("run failed" in e or "rejected" in e or "warning" in e for e in report["errors"])
     assert len(proxy.streams()) == 3  # the POST and two retries, then it gives up
+
+
+def test_a_stalled_stream_is_dropped_after_the_idle_timeout(adapter: Any, app: Path, workspace: Path) -> None:
+    # the path stalls (no heartbeat gets through): after idleTimeoutMs the client reconnects
+    proxy = proxy_to(adapter, [900], freeze=True)
+    thread_id, run_id = f"t-{uuid.uuid4().hex[:10]}", f"r-{uuid.uuid4().hex[:10]}"
+    spec = {"scenario": "run", "url": proxy.url, "threadId": thread_id, "runId": run_id}
+    report = drive(app, {**spec, "text": "[SLOW] go", "iacCode": iac(workspace), "reconnect": {"idleTimeoutMs": 1500}})
+    assert report["errors"] == [] and report["terminal"] == "RUN_FINISHED"
+    assert report["events"] == journal(adapter, thread_id, run_id)
+    assert proxy.cut_count == 1 and [s.method for s in proxy.streams()] == ["POST", "GET"]

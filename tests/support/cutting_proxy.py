@@ -4,8 +4,9 @@ Why: a client's reconnect is only proven by a connection that really drops while
 on. The proxy forwards bytes both ways unchanged and watches the requests on each connection
 (keep-alive included); the n-th *stream* request (``POST /`` or ``GET .../events``) gets the
 n-th entry of ``cuts``: the number of response bytes forwarded before both sockets are closed
-(0: closed as soon as the request went upstream, before any answer). Streams past the list
-are left alone. ``requests`` records every request line with its ``Last-Event-ID``.
+(0: closed as soon as the request went upstream, before any answer); with ``freeze`` the
+sockets stay open instead and nothing more reaches the client (a stalled path). Streams past
+the list are left alone. ``requests`` records every request line with its ``Last-Event-ID``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ class Seen:
 class CuttingProxy:
     """``127.0.0.1:<port>`` -> ``upstream`` (host, port), cutting the first streams as told."""
 
-    def __init__(self, upstream: tuple[str, int], cuts: list[int]) -> None:
+    def __init__(self, upstream: tuple[str, int], cuts: list[int], *, freeze: bool = False) -> None:
         self.upstream = upstream
         self.cuts = list(cuts)
+        self.freeze = freeze
         self.requests: list[Seen] = []
         self.cut_count = 0
         self._lock = threading.Lock()
@@ -140,6 +142,12 @@ class CuttingProxy:
             try:
                 client.sendall(data)
             except OSError:
+                break
+            if state["budget"] == 0 and self.freeze:
+                with self._lock:
+                    self.cut_count += 1
+                while upstream.recv(65536):  # swallowed: the client hears nothing more
+                    pass
                 break
             if state["budget"] == 0:
                 cut()
