@@ -148,17 +148,37 @@ def test_a_stream_cut_mid_run_reaches_the_subscriber_as_one_valid_run(
     assert context["taskId"] not in cancelled_tasks(kernel)
 
 
+def thread_answer(thread_id: str, run_id: str | None, session: dict[str, Any]) -> dict[str, Any]:
+    """What ``GET /threads/{threadId}`` answers (the agreed shape), with ``run_id`` live or none."""
+    live = {"runId": run_id, "lastEventId": 2, "clientAttached": True, "startedAt": "2026-12-03T08:00:00Z"}
+    return {
+        "threadId": thread_id,
+        "activeRun": {**live, "mode": "turn"} if run_id else None,
+        "pendingInterrupts": [],
+        "execution": {"executionId": session["executionId"], "rosInvocationId": session["rosInvocationId"]},
+        "runs": [{"runId": run_id, "outcome": None, "errorCode": None, "startedAt": live["startedAt"]}],
+    }
+
+
+@pytest.mark.parametrize("threads", ["adapter", "agreed-shape"])
 def test_connect_agent_reattaches_to_a_live_run_another_client_started(
-    adapter: Any, app: Path, workspace: Path
+    adapter: Any, app: Path, workspace: Path, threads: str
 ) -> None:
     body = run_body("[SLOW] go", cwd=str(workspace))
     thread_id, run_id = body["threadId"], body["runId"]
     other = LiveStream(Client(adapter.url), body)  # another client, still reading
-    other.read_events(2)
+    session = other.session()
     proxy = proxy_to(adapter, [1200])
     probe = requests.get(f"{adapter.url}threads/{thread_id}", timeout=10)
     spec: dict[str, Any] = {"scenario": "connect", "url": proxy.url, "threadId": thread_id, "runId": None}
-    if probe.status_code == 404 and probe.json()["error"]["code"] == "NOT_FOUND":
+    if threads == "agreed-shape":
+        # GET /threads/{id} answered as agreed (whether or not this adapter has the route yet):
+        # no live run, nothing to attach to; a live run, attached
+        idle = drive(app, {**spec, "threadsAnswer": thread_answer(thread_id, None, session)})
+        assert idle["events"] == [] and idle["errors"] == [] and len(idle["threadLookups"]) == 1
+        assert proxy.streams() == []
+        spec["threadsAnswer"] = thread_answer(thread_id, run_id, session)
+    elif probe.status_code == 404 and probe.json()["error"]["code"] == "NOT_FOUND":
         # an adapter without GET /threads/{id}: connect() falls back cleanly (a fresh agent
         # remembers no run: nothing to attach to, no error), and attaches to a run named to it
         empty = drive(app, spec)
@@ -171,6 +191,8 @@ def test_connect_agent_reattaches_to_a_live_run_another_client_started(
     assert report["terminal"] == "RUN_FINISHED" and report["outcome"] == "success"
     assert report["text"] == "Slowly counting: one, two, three, four, five, six, seven, eight."
     assert report["events"] == journal(adapter, thread_id, run_id)
+    if threads == "agreed-shape":
+        assert report["threadLookups"] == [f"/threads/{thread_id}"]
     assert proxy.cut_count == 1
     last = proxy.streams()[-1]
     assert last.method == "GET" and last.last_event_id is not None and int(last.last_event_id) > 0

@@ -25,9 +25,25 @@ function text(error) {
   return String(error && error.message ? error.message : error);
 }
 
+// spec.threadsAnswer: GET /threads/{id} answered with this JSON (the shape the adapter's
+// thread route gives), every other request going to the adapter
+const threadLookups = [];
+function transport() {
+  if (!spec.threadsAnswer) return undefined;
+  return async (url, init) => {
+    const path = new URL(url).pathname;
+    if ((init?.method ?? "GET") === "GET" && /^\/threads\/[^/]+$/.test(path)) {
+      threadLookups.push(path);
+      return new Response(JSON.stringify(spec.threadsAnswer), { status: 200, headers: { "Content-Type": "application/json" } });
+    }
+    return fetch(url, init);
+  };
+}
+
 function newAgent(threadId, messages = []) {
   return new AdapterHttpAgent({
     url: spec.url,
+    fetch: transport(),
     threadId,
     initialMessages: messages,
     headers: spec.headers || {},
@@ -82,7 +98,8 @@ async function scenarioRun() {
 async function scenarioConnect() {
   const agent = newAgent(spec.threadId);
   const params = spec.runId ? { runId: spec.runId } : undefined;
-  return observe(agent, (s) => agent.connectAgent(params, s));
+  const seen = await observe(agent, (s) => agent.connectAgent(params, s));
+  return { ...seen, threadLookups };
 }
 
 async function scenarioAbort() {
