@@ -210,7 +210,7 @@ function backoff(attempt, policy) {
 
 function retryAfterMs(response) {
   const value = Number(response.headers.get("retry-after"));
-  return Number.isFinite(value) && value > 0 ? value * 1000 : 0;
+  return Number.isFinite(value) && value > 0 ? Math.min(value, 60) * 1000 : 0;
 }
 
 // ------------------------------------------------------------------------------ the run stream
@@ -474,7 +474,7 @@ export function withAdapter(HttpAgentClass) {
     connect(input) {
       this.plan = { kind: "connect", attachTo: this.connectRunId ?? null };
       this.connectRunId = null;
-      return super.run(input); // HttpAgent.run: the same parser; requestInit below makes it a GET
+      return super.run(input); // HttpAgent.run, for its parser; adapterFetch reads the plan and GETs the events route
     }
 
     requestInit(input) {

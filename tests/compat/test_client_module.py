@@ -164,7 +164,8 @@ def thread_answer(thread_id: str, run_id: str | None, session: dict[str, Any]) -
 def test_connect_agent_reattaches_to_a_live_run_another_client_started(
     adapter: Any, app: Path, workspace: Path, threads: str
 ) -> None:
-    body = run_body("[SLOW] go", cwd=str(workspace))
+    # 5 s of kernel silence first: still live when node has started, however loaded the machine
+    body = run_body("[SILENT 25] [SLOW] go", cwd=str(workspace))
     thread_id, run_id = body["threadId"], body["runId"]
     other = LiveStream(Client(adapter.url), body)  # another client, still reading
     session = other.session()
