@@ -514,7 +514,9 @@ export function withAdapter(HttpAgentClass) {
     /** Wait (at most 5 s) for the cancel an abortRun() sent, so the next turn finds the thread free. */
     async settleCancel() {
       if (!this.pendingCancel) return;
-      await Promise.race([this.pendingCancel, sleep(5000)]);
+      const patience = new AbortController();
+      await Promise.race([this.pendingCancel, sleep(5000, patience.signal).catch(() => {})]);
+      patience.abort(); // no timer left behind (a Node process would wait for it)
     }
 
     async cancelRun(run) {
