@@ -233,7 +233,7 @@ export async function* runEvents(state, options) {
   const signal = options.signal;
   let response = options.first || null;
   let answered = Boolean(response);
-  let attempt = 0;
+  let attempt = !response && options.repost ? 1 : 0; // a POST without answer was the first drop
   let lastError = null;
   let delayMs = 0;
   for (;;) {
@@ -244,8 +244,9 @@ export async function* runEvents(state, options) {
       }
       if (attempt > 0) await sleep(Math.max(delayMs, backoff(attempt, policy)), signal);
       delayMs = 0;
+      const reposting = !answered && Boolean(options.repost);
       try {
-        if (!answered && options.repost) {
+        if (reposting) {
           response = await options.repost();
         } else {
           const headers = { ...withoutHeaders(options.headers, ["content-type", "last-event-id"]), Accept: "text/event-stream" };
@@ -262,14 +263,16 @@ export async function* runEvents(state, options) {
         attempt += 1;
         continue;
       }
-      answered = true;
+      if (response.ok) answered = true; // the run exists: from now on, the events route
       options.onConnect?.(response);
       if (response.status === 204) {
         if (options.emptyOk || state.terminal) return;
         throw new AdapterHttpError(204, "the adapter has no more events for this run, and its terminal event was never read");
       }
       if (!response.ok) {
-        if (RETRYABLE_STATUS.has(response.status)) {
+        // 409 to the POST sent again: the first one may still be being admitted (THREAD_BUSY
+        // until the thread knows the run); once it does, the same POST reattaches
+        if (RETRYABLE_STATUS.has(response.status) || (reposting && response.status === 409)) {
           delayMs = retryAfterMs(response);
           lastError = await httpError(response);
           response = null;

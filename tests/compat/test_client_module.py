@@ -280,3 +280,19 @@ def test_a_stalled_stream_is_dropped_after_the_idle_timeout(adapter: Any, app: P
     assert report["errors"] == [] and report["terminal"] == "RUN_FINISHED"
     assert report["events"] == journal(adapter, thread_id, run_id)
     assert proxy.cut_count == 1 and [s.method for s in proxy.streams()] == ["POST", "GET"]
+
+
+def test_a_post_without_answer_on_a_busy_thread_ends_with_thread_busy(adapter: Any, app: Path, workspace: Path) -> None:
+    # the POST reaches the adapter but its answer (409: another client's run holds the thread)
+    # is lost; the same POST again is refused the same way (409 is what it also gets while the
+    # first POST is still being admitted, so it is tried again), until the budget is spent
+    body = run_body("[SILENT 50] [SLOW] go", cwd=str(workspace))
+    other = LiveStream(Client(adapter.url), body)
+    other.session()
+    proxy = proxy_to(adapter, [0])
+    spec = {"scenario": "run", "url": proxy.url, "threadId": body["threadId"], "runId": f"r-{uuid.uuid4().hex[:10]}"}
+    report = drive(app, {**spec, "text": "hello", "iacCode": iac(workspace), "reconnect": {"maxRetries": 2}})
+    assert report["terminal"] is None and report["events"] == []
+    assert any("409" in e and "THREAD_BUSY" in e for e in report["errors"]), report["errors"]
+    assert [(s.method, s.last_event_id) for s in proxy.streams()] == [("POST", None), ("POST", "0"), ("POST", "0")]
+    other.close()
