@@ -4,8 +4,10 @@ Why: a client's reconnect is only proven by a connection that really drops while
 on. The proxy forwards bytes both ways unchanged and watches the requests on each connection
 (keep-alive included); the n-th *stream* request (``POST /`` or ``GET .../events``) gets the
 n-th entry of ``cuts``: the number of response bytes forwarded before both sockets are closed
-(0: closed as soon as the request went upstream, before any answer); with ``freeze`` the
-sockets stay open instead and nothing more reaches the client (a stalled path). Streams past
+(0: the client's side is closed as soon as the request went upstream, before any answer,
+while the adapter's side stays open and is read to its end, so the adapter never learns of
+it); with ``freeze`` the sockets stay open instead and nothing more reaches the client (a
+stalled path). Streams past
 the list are left alone. ``requests`` records every request line with its ``Last-Event-ID``.
 """
 
@@ -15,6 +17,7 @@ import re
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 _REQUEST_LINE = re.compile(rb"(GET|POST|HEAD|OPTIONS|PUT|DELETE) (\S+) HTTP/1\.[01]\r\n((?:[^\r\n]*\r\n)*?)\r\n")
 _LAST_EVENT_ID = re.compile(rb"(?im)^last-event-id:[ \t]*(\S*)")
@@ -65,7 +68,7 @@ class CuttingProxy:
         except OSError:
             client.close()
             return
-        state = {"budget": None, "closed": False}
+        state: dict[str, Any] = {"budget": None, "closed": False, "lost": False}
         cond = threading.Condition()
 
         def cut(deliberate: bool = True) -> None:
@@ -111,14 +114,22 @@ class CuttingProxy:
                     if budget is not None:
                         pending = budget
                 with cond:
-                    if pending is not None:
+                    if pending == 0:
+                        state["lost"] = True
+                    elif pending is not None:
                         state["budget"] = pending
                 try:
                     upstream.sendall(data)
                 except OSError:
                     break
-                if pending == 0:
-                    cut()  # the request went up; no answer comes back
+                if pending == 0:  # the request went up; its answer will reach nobody
+                    with self._lock:
+                        self.cut_count += 1
+                    try:
+                        client.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    client.close()
                     return
             try:
                 upstream.shutdown(socket.SHUT_WR)
@@ -134,6 +145,8 @@ class CuttingProxy:
             if not data:
                 break
             with cond:
+                if state["lost"]:
+                    continue  # read and dropped: the adapter writes on, to nobody
                 budget = state["budget"]
                 if budget is not None and len(data) >= budget:
                     data, state["budget"] = data[:budget], 0
