@@ -49,7 +49,7 @@ from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
-from . import PROTOCOL_VERSION, __version__, console_page, logs
+from . import PROTOCOL_VERSION, __version__, client_modules, console_page, logs
 from . import events as ev
 from . import messages as msg
 from .a2a import KernelClient
@@ -106,6 +106,7 @@ CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
 _ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
 _ROUTE_METHODS["thread"] = _ROUTE_METHODS["messages"] = _ROUTE_METHODS["health"]
+_ROUTE_METHODS["client_module"] = _ROUTE_METHODS["health"]
 _SERIALIZED_ORIGIN = re.compile(
     r"[A-Za-z][A-Za-z0-9+.-]*://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?"
 )
@@ -189,6 +190,7 @@ URLS = Map(
         Rule("/threads/<path:thread_id>/runs/<path:run_id>/events", endpoint="events", methods=["GET"]),
         Rule("/threads/<path:thread_id>/messages", endpoint="messages", methods=["GET"]),
         Rule("/threads/<path:thread_id>", endpoint="thread", methods=["GET"]),
+        *(Rule(path, endpoint="client_module", methods=["GET"]) for path in client_modules.MODULES),
     ],
     strict_slashes=False,
 )
@@ -200,6 +202,7 @@ FIXED_ROUTES = {
     ("/health", "GET"): "health",
     ("/ready", "GET"): "ready",
     ("/metrics", "GET"): "metrics",
+    **{(path, "GET"): "client_module" for path in client_modules.MODULES},
 }
 #: ``Accept`` values that obviously take the stream (parsing them would say the same).
 _STREAM_ACCEPTED = frozenset(("text/event-stream", "*/*", "text/event-stream, */*"))
@@ -360,6 +363,8 @@ class AguiApp:
                 return self.run(environ, start_response, language)
             if endpoint == "console":
                 return self.console(environ, start_response, language)
+            if endpoint == "client_module":
+                return self.client_module(environ, start_response)
             if endpoint == "events":
                 return self.events(environ, start_response, language, args["thread_id"], args["run_id"])
             if endpoint == "thread" or endpoint == "messages":
@@ -523,6 +528,18 @@ class AguiApp:
             return self._error(start_response, language, err, extra=[("Allow", "POST")])
         body = console_page.page()
         start_response("200 OK", console_page.PAGE_HEADERS + [("Content-Length", str(len(body)))])
+        return [body]
+
+    def client_module(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """``GET /agui-adapter-client.mjs`` and ``/agui-adapter-agent.mjs`` (``client_modules.py``)."""
+        path = environ.get("PATH_INFO", "").rstrip("/")
+        if path not in client_modules.MODULES:  # a variant the map let through
+            raise AguiError(Code.NOT_FOUND, msg.NOT_FOUND)
+        body, etag = client_modules.module(path)
+        if client_modules.not_modified(environ.get("HTTP_IF_NONE_MATCH", ""), etag):
+            start_response("304 Not Modified", client_modules.headers(etag, modified=False))
+            return []
+        start_response("200 OK", client_modules.headers(etag) + [("Content-Length", str(len(body)))])
         return [body]
 
     def run(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> Iterable[bytes]:
