@@ -45,6 +45,7 @@ from . import events as ev
 from . import messages as msg
 from .a2a import KernelClient
 from .errors import AguiError, Code
+from .faults import describe
 from .i18n import negotiate_language, translate
 from .journal import JournalReader, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -333,8 +334,9 @@ class AguiApp:
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
-        except Exception:  # noqa: BLE001 - always answer JSON, never a bare 500
-            log.exception("unexpected failure on %s", environ.get("PATH_INFO"))
+        except Exception as exc:  # noqa: BLE001 - always answer JSON, never a bare 500
+            # one bounded line (no traceback: it may quote the input, frame after frame)
+            log.error("unexpected failure on route %s: %s", endpoint, describe(exc))
             return self._error(start_response, language, AguiError(Code.INTERNAL_ERROR, msg.INTERNAL_ERROR))
 
     def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
