@@ -19,6 +19,7 @@ from typing import Any
 from . import __version__, logs
 from .a2a import KernelClient
 from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
+from .decode_budget import DECODES, map_large_allocations
 from .kernels import KernelProcess, KernelStartError, start_kernel
 from .metrics import Metrics
 from .retention import start_retention
@@ -36,6 +37,8 @@ def build_app(settings: Settings, kernel: KernelProcess) -> AguiApp:
     store = ThreadStore(settings.resolved_state_dir())
     metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
     engine = RunEngine(store, client, settings, metrics=metrics)
+    DECODES.configure(settings.image_decode_budget_pixels)
+    map_large_allocations()
     return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
 
 
@@ -93,6 +96,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
     parser.add_argument("--max-runs", dest="max_runs", help="concurrent runs per process (256)")
+    parser.add_argument(
+        "--image-decode-budget-pixels",
+        dest="image_decode_budget_pixels",
+        help="image pixels decoded at once per process (40000000); beyond: a short wait, then 503",
+    )
     parser.add_argument(
         "--disconnect-grace-seconds",
         dest="disconnect_grace_seconds",

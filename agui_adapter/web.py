@@ -503,6 +503,7 @@ class AguiApp:
             language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
         try:
             check_json_text(payload, body)
+            body = b""  # the payload is all that is used from here (a body with images is MiBs)
             run_input = validate_run_input(payload)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
             after = last_event_id(environ)

@@ -297,9 +297,16 @@ def test_workspaces_refuse_what_resolve_workspace_refuses(tmp_path: Path) -> Non
 def test_ensure_workspace_makes_deep_paths_without_recursing(tmp_path: Path) -> None:
     # deeper than the interpreter's recursion limit: Path.mkdir(parents=True) raised RecursionError
     deep = Path(str(tmp_path) + "/d" * 1100)
-    ensure_workspace(deep)
-    assert deep.is_dir()
-    ensure_workspace(deep)  # already there
+    try:
+        ensure_workspace(deep)
+        assert deep.is_dir()
+        ensure_workspace(deep)  # already there
+    finally:  # shutil.rmtree, which cleans tmp_path up, recurses too
+        for path in (deep, *deep.parents):
+            if path == tmp_path:
+                break
+            if path.is_dir():
+                path.rmdir()
 
 
 def test_ensure_workspace_refuses_whatever_fails(tmp_path: Path) -> None:
