@@ -108,6 +108,7 @@ class DecodeBudget:
         self._clock = clock
         self._on_idle = on_idle
         self._used = 0
+        self._waiting = 0
         self._changed = threading.Condition()
 
     @property
@@ -117,6 +118,11 @@ class DecodeBudget:
     @property
     def in_use(self) -> int:
         return self._used
+
+    @property
+    def waiting(self) -> int:
+        """Decodes waiting for room now."""
+        return self._waiting
 
     def configure(self, pixels: int, wait_seconds: float | None = None) -> None:
         """Set the budget (``--image-decode-budget-pixels``); decodes in progress keep theirs."""
@@ -144,7 +150,11 @@ class DecodeBudget:
                         msg.IMAGE_DECODE_BUSY,
                         {"seconds": RETRY_AFTER_SECONDS, "retryAfter": RETRY_AFTER_SECONDS},
                     )
-                self._changed.wait(remaining)
+                self._waiting += 1
+                try:
+                    self._changed.wait(remaining)
+                finally:
+                    self._waiting -= 1
                 cost = max(1, min(pixels, self._capacity))
             self._used += cost
         try:

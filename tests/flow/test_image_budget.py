@@ -19,6 +19,7 @@ from agui_adapter import decode_budget
 from agui_adapter.content import KERNEL_MAX_IMAGE_BYTES
 from agui_adapter.decode_budget import DECODES
 from tests.support.agui_client import Client, run_body
+from tests.support.flow import wait_for
 
 pytest.importorskip("PIL.Image")
 
@@ -84,7 +85,7 @@ def test_a_request_waits_for_room(budget: Client, workspace: Path) -> None:
     with DECODES.reserve(DECODES.capacity):
         sender = threading.Thread(target=lambda: results.append(budget.run(image_run(workspace))))
         sender.start()
-        sender.join(0.5)
-        assert sender.is_alive()  # waiting for the room the test holds
+        wait_for(lambda: DECODES.waiting == 1, timeout=30)  # waiting for the room the test holds
+        assert sender.is_alive() and not results
     sender.join(60)
     assert results and results[0].status == 200 and results[0].terminal["type"] == "RUN_FINISHED"

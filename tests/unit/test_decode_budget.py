@@ -45,7 +45,10 @@ def test_a_reservation_waits_for_room() -> None:
 
     second = threading.Thread(target=waiter)
     second.start()
-    assert not got.wait(0.3)  # no room while the first one decodes
+    deadline = time.monotonic() + 10
+    while budget.waiting != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert budget.waiting == 1 and not got.is_set()  # no room while the first one decodes
     release.set()
     assert got.wait(10)
     thread.join(10)
