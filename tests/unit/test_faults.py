@@ -28,3 +28,23 @@ def test_an_unprintable_exception_still_has_a_type() -> None:
             raise RuntimeError("no")
 
     assert describe(Odd()) == "test_an_unprintable_exception_still_has_a_type.<locals>.Odd: <unprintable>"
+
+
+def test_the_log_formats_bound_any_traceback_left() -> None:
+    import logging
+    import sys
+
+    from agui_adapter.logs import MAX_TRACEBACK, JsonFormatter, TextFormatter
+
+    try:
+        try:
+            deep(300, "inner " + "q" * 50_000)
+        except ValueError:
+            deep(300, "outer " + "p" * 50_000)
+    except ValueError:
+        info = sys.exc_info()
+    record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", None, info)
+    for formatter in (TextFormatter("%(message)s"), JsonFormatter()):
+        text = formatter.format(record)
+        assert len(text) < MAX_TRACEBACK + 1024
+        assert "q" * 100 not in text  # the exception it was chained to is not written
