@@ -67,6 +67,8 @@ class Settings:
     cors_origins: str = ""
     #: Runs (turns, resumes, guidance) one process streams at once; beyond: 503 SERVER_BUSY.
     max_runs: int = 256
+    #: Pixels of images decoded (to be shrunk) at once per process; beyond: a short wait, then 503.
+    image_decode_budget_pixels: int = 40_000_000
     # --- reattach (``journal``)
     #: How long a run's events stay replayable after it ended; 0 drops them at its end.
     replay_retention_seconds: float = 300.0
@@ -109,6 +111,7 @@ ENV_NAMES: dict[str, str] = {
     "shutdown_grace_seconds": "IAC_CODE_AGUI_SHUTDOWN_GRACE_SECONDS",
     "cors_origins": "IAC_CODE_AGUI_CORS_ORIGINS",
     "max_runs": "IAC_CODE_AGUI_MAX_RUNS",
+    "image_decode_budget_pixels": "IAC_CODE_AGUI_IMAGE_DECODE_BUDGET_PIXELS",
     "replay_retention_seconds": "IAC_CODE_AGUI_REPLAY_RETENTION_SECONDS",
     "replay_buffer_bytes": "IAC_CODE_AGUI_REPLAY_BUFFER_BYTES",
     "disconnect_grace_seconds": "IAC_CODE_AGUI_DISCONNECT_GRACE_SECONDS",
@@ -168,6 +171,8 @@ def _coerce(name: str, value: Any) -> Any:
         return _number(name, value, integer=False, minimum=0, exclusive=True)
     if name in _SECONDS_OR_ZERO:
         return _number(name, value, integer=False, minimum=0)
+    if name == "image_decode_budget_pixels":
+        return int(_number(name, value, integer=True, minimum=1))
     if name == "replay_buffer_bytes":
         return int(_number(name, value, integer=True, minimum=MIN_REPLAY_BUFFER_BYTES))
     if name == "thread_retention_days":

@@ -76,8 +76,26 @@ class RunContext(logging.Filter):
         return True
 
 
+#: The most of a traceback either format writes (characters; its last frames are kept).
+MAX_TRACEBACK = 8 * 1024
+
+
+def bounded_traceback(exc_info: Any) -> str:
+    """The traceback of ``exc_info``, its last 20 frames, without the exceptions it was chained
+    to, and at most :data:`MAX_TRACEBACK` characters: a deep or chained traceback quoting
+    client input in every frame must not make one request cost megabytes of log."""
+    import traceback
+
+    text = "".join(traceback.format_exception(*exc_info, limit=-20, chain=False)).rstrip("\n")
+    return text if len(text) <= MAX_TRACEBACK else "...(cut)\n" + text[-MAX_TRACEBACK:]
+
+
 class TextFormatter(logging.Formatter):
-    """``TEXT_FORMAT`` lines; the local time of a second is formatted once, not per record."""
+    """``TEXT_FORMAT`` lines; the local time of a second is formatted once, not per record.
+    Tracebacks are bounded (:func:`bounded_traceback`)."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return bounded_traceback(ei)
 
     _second: tuple[int, str] = (-1, "")
 
@@ -92,7 +110,10 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line."""
+    """One JSON object per record, on one line; tracebacks bounded (:func:`bounded_traceback`)."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return bounded_traceback(ei)
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()

@@ -79,6 +79,7 @@ EXECUTION_LOST_NO_THREAD = "The execution to resume is no longer available."
 EXECUTION_LOST_MISMATCH = "The resume request does not match the interrupted run."
 STATE_UNAVAILABLE = "The AG-UI adapter state is unavailable."
 SERVER_BUSY = "The AG-UI adapter is running as many runs as it allows; retry in {seconds} seconds."
+IMAGE_DECODE_BUSY = "The AG-UI adapter is decoding as many images as it allows; retry in {seconds} seconds."
 
 # --- run errors --------------------------------------------------------------------
 A2A_UNAVAILABLE = "The local A2A execution service is unavailable."

@@ -20,6 +20,7 @@ from typing import Any
 from . import __version__, logs, state_gauges
 from .a2a import KernelClient
 from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
+from .decode_budget import DECODES, map_large_allocations
 from .kernel_calls import KernelCalls
 from .kernels import KernelProcess, KernelStartError, start_kernel
 from .metrics import Metrics
@@ -52,6 +53,8 @@ def build_app(settings: Settings, kernel: KernelProcess, *, tracing: Tracing | N
         lambda: state_gauges.journal_bytes(engine.journals.root),
     )
     store.on_write = _state_write_observer(metrics, tracing)
+    DECODES.configure(settings.image_decode_budget_pixels)
+    map_large_allocations()
     return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
 
 
@@ -129,6 +132,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
     parser.add_argument("--max-runs", dest="max_runs", help="concurrent runs per process (256)")
+    parser.add_argument(
+        "--image-decode-budget-pixels",
+        dest="image_decode_budget_pixels",
+        help="image pixels decoded at once per process (40000000); beyond: a short wait, then 503",
+    )
     parser.add_argument(
         "--disconnect-grace-seconds",
         dest="disconnect_grace_seconds",

@@ -56,6 +56,7 @@ from .a2a import KernelClient
 from .access_log import IDS_KEY, Exchange, ResponseBody
 from .connection import CLIENT_GONE_KEY
 from .errors import AguiError, Code
+from .faults import describe
 from .i18n import negotiate_language, translate
 from .journal import JournalReader, ReplayUnavailable, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -372,8 +373,9 @@ class AguiApp:
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
-        except Exception:  # noqa: BLE001 - always answer JSON, never a bare 500
-            log.exception("unexpected failure on %s", environ.get("PATH_INFO"))
+        except Exception as exc:  # noqa: BLE001 - always answer JSON, never a bare 500
+            # one bounded line (no traceback: it may quote the input, frame after frame)
+            log.error("unexpected failure on route %s: %s", endpoint, describe(exc))
             return self._error(start_response, language, AguiError(Code.INTERNAL_ERROR, msg.INTERNAL_ERROR))
 
     def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
@@ -553,6 +555,7 @@ class AguiApp:
             language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
         try:
             check_json_text(payload, body)
+            body = b""  # the payload is all that is used from here (a body with images is MiBs)
             run_input = validate_run_input(payload)
             self._known_ids(environ, run_input.thread_id, run_input.run_id)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
