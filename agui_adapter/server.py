@@ -36,9 +36,8 @@ def build_app(settings: Settings, kernel: KernelProcess) -> AguiApp:
     store = ThreadStore(settings.resolved_state_dir())
     metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
     engine = RunEngine(store, client, settings, metrics=metrics)
-    return AguiApp(
-        engine, auth_token=settings.auth_token, default_language=settings.default_language, kernel_kind=kernel.health_kind
-    )
+    language = settings.default_language
+    return AguiApp(engine, auth_token=settings.auth_token, default_language=language, kernel_kind=kernel.health_kind)
 
 
 def server_limits(settings: Settings) -> ServerLimits:

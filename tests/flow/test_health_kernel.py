@@ -27,8 +27,9 @@ def test_a_configured_kernel_is_external(adapter_process: Any) -> None:
     assert health["kernel"] == "external"
 
 
-@pytest.mark.parametrize(
-    ("kind", "shown"), [("scripted", "scripted"), ("iac-code", "iac-code"), ("configured", "external"), ("x", "external")]
-)
+KINDS = [("scripted", "scripted"), ("iac-code", "iac-code"), ("configured", "external"), ("x", "external")]
+
+
+@pytest.mark.parametrize(("kind", "shown"), KINDS)
 def test_health_kind_of_each_kernel_process(kind: str, shown: str) -> None:
     assert KernelProcess("http://127.0.0.1:1/", "t", kind).health_kind == shown
