@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.browser.console import (
+    TOKEN,
     open_console,
     raw_log,
     requests_sent,
@@ -28,6 +30,7 @@ from tests.browser.console import (
     wait_ready,
     wait_until,
 )
+from tests.support.agui_client import run_body
 from tests.support.browser import console_errors, require_selenium, save_screenshot
 
 require_selenium()  # without it: skipped, or failed under CI=true
@@ -160,3 +163,75 @@ def test_every_thread_bound_request_names_its_thread(adapter: Any, workspace: Pa
     assert any(p.endswith("/events") for p in paths)
     assert all(h == thread_id for _, _, h in bound), bound
     assert f"→ GET /threads/{thread_id}" in requests_sent(browser)
+
+
+def test_thread_busy_follows_the_run_another_client_started(make_adapter: Any, workspace: Path, browser: Any) -> None:
+    """A script starts a slow run on the page's thread and leaves (grace period: the run goes
+    on); the page's Send gets 409 THREAD_BUSY and follows that run instead of a dead message."""
+    adapter = make_adapter(disconnect_grace_seconds=30, heartbeat_seconds=0.5)
+    open_console(browser, adapter, workspace)
+    thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
+    body = run_body("[SLOW] count", thread_id=thread_id, cwd=str(workspace), ros="inv-script")
+    with requests.post(adapter.url, json=body, headers={"Accept": "text/event-stream"}, stream=True, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines(decode_unicode=True):
+            if "one," in line:
+                break  # the script leaves mid-run
+    send(browser, "are you there?")
+    followed = wait_for(browser, f'.run[data-run-id="{body["runId"]}"]')
+    assert "still live" in browser.find_element(By.CSS_SELECTOR, "#transcript .notice").text
+    wait_until(browser, lambda: followed.get_attribute("data-state") == "finished", timeout=30)
+    assert "eight." in followed.text
+    assert browser.find_element(By.ID, "message").get_attribute("value") == "are you there?"  # not lost
+    assert "THREAD_BUSY" in [json.loads(t).get("code") for k, t in raw_log(browser) if k == "error"]
+    # once the run ended, the message goes through
+    browser.find_element(By.ID, "send").click()
+    wait_until(browser, lambda: any(c.get_attribute("data-state") == "finished" for c in run_cards(browser)[1:]))
+    assert [e for e in console_errors(browser) if "409" not in e] == []  # Chromium logs the refused POST
+
+
+def test_a_token_kept_for_the_tab_lets_a_reload_follow_the_run(
+    make_adapter: Any, workspace: Path, browser: Any
+) -> None:
+    adapter = make_adapter(auth_token=TOKEN, disconnect_grace_seconds=30, heartbeat_seconds=0.5)
+    open_console(browser, adapter, workspace, token=TOKEN)
+    browser.find_element(By.ID, "keepToken").click()
+    send(browser, "[SLOW] count")
+    card = wait_for(browser, '.run[data-state="streaming"]')
+    run_id = card.get_attribute("data-run-id")
+    browser.refresh()
+    wait_ready(browser)
+    assert browser.find_element(By.ID, "token").get_attribute("value") == TOKEN
+    assert browser.find_element(By.ID, "keepToken").is_selected()
+    followed = wait_for(browser, f'.run[data-run-id="{run_id}"]')
+    wait_until(browser, lambda: followed.get_attribute("data-state") == "finished", timeout=30)
+    assert "eight." in followed.text
+    local = browser.execute_script("return JSON.stringify(Object.assign({}, localStorage))")
+    assert TOKEN not in local  # the tab's sessionStorage only
+    assert browser.execute_script("return sessionStorage.getItem('agui-console.token')") == TOKEN
+    # unticked, it is gone from the tab too
+    browser.find_element(By.ID, "keepToken").click()
+    assert browser.execute_script("return sessionStorage.getItem('agui-console.token')") is None
+    assert console_errors(browser) == []
+
+
+def test_a_pending_permission_is_answerable_after_the_journal_expired(
+    make_adapter: Any, workspace: Path, browser: Any
+) -> None:
+    adapter = make_adapter(replay_retention_seconds=1)
+    open_console(browser, adapter, workspace)
+    send(browser, "[WRITE] make a file")
+    form = wait_for(browser, 'form.interrupt[data-kind="permission"]')
+    interrupt_id = form.get_attribute("data-interrupt-id")
+    run_id = run_cards(browser)[0].get_attribute("data-run-id")
+    thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
+    events = f"{adapter.url}threads/{thread_id}/runs/{run_id}/events"
+    wait_until(browser, lambda: requests.get(events, timeout=5).status_code == 404, timeout=30)  # journal gone
+    browser.refresh()
+    wait_ready(browser)
+    form = wait_for(browser, f'form.interrupt[data-interrupt-id="{interrupt_id}"]')
+    assert "Changes files in the workspace" in form.text and "hello.txt" in form.text
+    form.find_element(By.CSS_SELECTOR, 'button[data-value="allow_once"]').click()
+    wait_for_card(browser, 1, "finished")
+    assert (workspace / "hello.txt").read_text() == "hello from scripted kernel\n"
+    assert console_errors(browser) == []
