@@ -225,8 +225,10 @@ def test_a_pending_permission_is_answerable_after_the_journal_expired(
     interrupt_id = form.get_attribute("data-interrupt-id")
     run_id = run_cards(browser)[0].get_attribute("data-run-id")
     thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
+    journal = adapter.app.engine.journals.run_dir(thread_id, run_id)
+    wait_until(browser, lambda: not journal.exists(), timeout=30)  # swept (asking the route would keep it)
     events = f"{adapter.url}threads/{thread_id}/runs/{run_id}/events"
-    wait_until(browser, lambda: requests.get(events, timeout=5).status_code == 404, timeout=30)  # journal gone
+    assert requests.get(events, timeout=5).status_code == 404
     browser.refresh()
     wait_ready(browser)
     form = wait_for(browser, f'form.interrupt[data-interrupt-id="{interrupt_id}"]')
