@@ -36,6 +36,7 @@ from tests.support.browser import console_errors, require_selenium, save_screens
 require_selenium()  # without it: skipped, or failed under CI=true
 
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -88,6 +89,14 @@ def test_a_reload_mid_conversation_restores_every_turn(adapter: Any, workspace: 
     wait_until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#transcript > *") == [])
     assert browser.find_element(By.ID, "threadId").get_attribute("value") != thread_id
     browser.find_element(By.CSS_SELECTOR, f'#threadList button[data-thread-id="{thread_id}"]').click()
+    wait_until(browser, lambda: len([r for r, _ in transcript(browser) if r == "user"]) == 4)
+    assert browser.current_url.endswith("#thread=" + thread_id)
+    # a thread id typed (or pasted) opens that thread too
+    browser.find_element(By.ID, "newThread").click()
+    wait_until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#transcript > *") == [])
+    field = browser.find_element(By.ID, "threadId")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(thread_id + Keys.TAB)  # typed over the selection; "change" on leaving the field
     wait_until(browser, lambda: len([r for r, _ in transcript(browser) if r == "user"]) == 4)
     assert browser.current_url.endswith("#thread=" + thread_id)
     assert console_errors(browser) == []
