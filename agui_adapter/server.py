@@ -35,9 +35,6 @@ log = logging.getLogger("agui_adapter")
 
 
 #: ``agui_build_info{kernel}``: what ``KernelProcess.kind`` means to an operator.
-KERNEL_LABELS = {"scripted": "scripted", "iac-code": "iac-code", "configured": "external"}
-
-
 def build_app(settings: Settings, kernel: KernelProcess, *, tracing: Tracing | None = None) -> AguiApp:
     """The WSGI application for these settings, talking to ``kernel``; tracing as the
     environment says (``tracing.from_environment``) unless given."""
@@ -47,7 +44,7 @@ def build_app(settings: Settings, kernel: KernelProcess, *, tracing: Tracing | N
     tracing = tracing if tracing is not None else from_environment()
     client.calls = KernelCalls(metrics, tracing)
     engine = RunEngine(store, client, settings, metrics=metrics, tracing=tracing)
-    metrics.describe(__version__, KERNEL_LABELS.get(kernel.kind, kernel.kind), settings.max_runs)
+    metrics.describe(__version__, kernel.health_kind, settings.max_runs)
     metrics.watch_state(
         lambda: state_gauges.pending_interrupts(store.threads_dir, time.time()),
         lambda: state_gauges.journal_bytes(engine.journals.root),
@@ -55,7 +52,8 @@ def build_app(settings: Settings, kernel: KernelProcess, *, tracing: Tracing | N
     store.on_write = _state_write_observer(metrics, tracing)
     DECODES.configure(settings.image_decode_budget_pixels)
     map_large_allocations()
-    return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
+    language = settings.default_language
+    return AguiApp(engine, auth_token=settings.auth_token, default_language=language, kernel_kind=kernel.health_kind)
 
 
 def _state_write_observer(metrics: Metrics, tracing: Tracing) -> Callable[[float, bool], None]:

@@ -267,8 +267,11 @@ class Replay:
 class AguiApp:
     """The WSGI application."""
 
-    def __init__(self, engine: RunEngine, *, auth_token: str = "", default_language: str = "en") -> None:
+    def __init__(
+        self, engine: RunEngine, *, auth_token: str = "", default_language: str = "en", kernel_kind: str = "external"
+    ) -> None:
         self.engine = engine
+        self.kernel_kind = kernel_kind  # /health's "kernel": scripted | iac-code | external
         self.kernel: KernelClient = engine.kernel
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
@@ -505,6 +508,7 @@ class AguiApp:
                 "protocolVersion": PROTOCOL_VERSION,
                 "reattach": True,
                 "readers": "many",
+                "kernel": self.kernel_kind,
                 "disconnectGraceSeconds": self.engine.settings.disconnect_grace_seconds,
                 "replayRetentionSeconds": self.engine.settings.replay_retention_seconds,
             },
