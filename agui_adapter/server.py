@@ -208,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agui-adapter: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format, settings.log_stdout)
+    log.debug("settings: %r", settings)  # the tokens are not part of its repr
     fdlimit.check(settings.max_connections, settings.max_runs)
     notifier = sdnotify.Notifier()
     try:

@@ -85,3 +85,28 @@ def test_the_soft_limit_is_raised_to_the_hard_one_and_a_tight_one_warned_about(
         assert any("open-file limit" in r.getMessage() for r in caplog.records)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def test_the_watchdog_pings_only_while_the_server_is_healthy(tmp_path: Path) -> None:
+    from agui_adapter.server import start_watchdog
+
+    path = str(tmp_path / "notify")
+    healthy = [True]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        notifier = sdnotify.Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
+        stop = start_watchdog(notifier, lambda: healthy[0])
+        try:
+            assert _receive(sock) == b"WATCHDOG=1" and _receive(sock) == b"WATCHDOG=1"
+            healthy[0] = False
+            sock.settimeout(0.5)
+            try:  # drain a ping that was on its way when health turned bad
+                for _ in range(3):
+                    sock.recv(4096)
+            except TimeoutError:
+                pass
+            with pytest.raises(TimeoutError):
+                sock.recv(4096)  # 0.5 s: ten intervals without a ping
+        finally:
+            stop.set()
+    assert start_watchdog(sdnotify.Notifier({}), lambda: True).is_set() is False  # no watchdog: no thread
