@@ -5,8 +5,8 @@ says where the adapter listens and which kernel it uses; Ctrl-C (or SIGTERM) sto
 the server and any kernel child it started. With ``--thread-retention-days`` a daemon
 thread prunes idle thread records at start-up and hourly (``retention.py``).
 
-Under systemd (``Type=notify``) the adapter says ``READY=1`` once its port listens and its
-kernel is chosen, ``STOPPING=1`` on SIGTERM, and pings the watchdog while its server
+Under systemd (``Type=notify``) the adapter says ``READY=1`` once its port listens, its
+kernel is chosen and its own ``/health`` answered, ``STOPPING=1`` on SIGTERM, and pings the watchdog while its server
 answers ``/health`` (``sdnotify.py``). At start it raises its open-file limit
 (``fdlimit.py``). Upstream's ``iac-code agui`` flags are accepted with upstream's meaning:
 ``--idle-shutdown`` (``idle.py``), ``-d/--debug`` (``--log-level debug``) and
@@ -20,6 +20,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -179,6 +180,24 @@ def _health_probe(host: str, port: int, timeout: float) -> bool:
         connection.close()
 
 
+def announce_ready(notifier: sdnotify.Notifier, healthy: Any, status: str, deadline: float = 60.0) -> None:
+    """``READY=1`` once ``healthy()`` (the server answered its own ``/health``): from a thread,
+    since the server loop that answers runs in the caller's thread right after."""
+    if not notifier.enabled:
+        return
+
+    def wait_then_notify() -> None:
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            if healthy():
+                notifier.ready(status)
+                return
+            time.sleep(0.01)
+        log.warning("the server did not answer its own /health within %gs: not ready", deadline)
+
+    threading.Thread(target=wait_then_notify, name="sd-ready", daemon=True).start()
+
+
 def start_watchdog(notifier: sdnotify.Notifier, healthy: Any) -> threading.Event:
     """Ping systemd's watchdog every ``$WATCHDOG_USEC``/2 while ``healthy()``; set the event to stop."""
     stop = threading.Event()
@@ -272,7 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if settings.idle_shutdown > 0
         else None
     )
-    notifier.ready(f"listening on {host}:{port}, kernel {kernel.kind}")
+    announce_ready(
+        notifier,
+        lambda: not stopping.is_set() and _health_probe(host, port, 1.0),
+        f"listening on {host}:{port}, kernel {kernel.kind}",
+    )
     try:
         server.serve_forever()
         if stopping.is_set():

@@ -1,7 +1,8 @@
 """``python run.py`` as systemd and upstream's deployments run it, through real sockets.
 
 systemd (``Type=notify``) is played by a datagram socket bound as ``$NOTIFY_SOCKET``: the
-adapter says ``READY=1`` once ``/health`` answers, pings ``WATCHDOG=1`` again and again at
+adapter says ``READY=1`` once ``/health`` answers (every ``/health`` asked from then on, by a
+poller running since before the start, is answered 200), pings ``WATCHDOG=1`` again and again at
 ``$WATCHDOG_USEC``/2, and says ``STOPPING=1`` on SIGTERM before it exits 0. An abstract
 ``@name`` address works the same. ``--idle-shutdown`` ends the process when no run is
 active and no interrupt waits, not while an interrupt waits for its answer. Upstream's own
@@ -11,7 +12,6 @@ documented YAML config (``tests/data/upstream/agui.yaml``) starts the adapter un
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -87,26 +87,53 @@ def _start(args: list[str], environ: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+class HealthPoller:
+    """Asks ``/health`` on ``port`` every few milliseconds from the start: (start time, answered 200)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.attempts: list[tuple[float, bool]] = []
+        self.stopped = threading.Event()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self.stopped.is_set():
+            started = time.monotonic()
+            try:
+                ok = requests.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
+            except requests.RequestException:
+                ok = False
+            self.attempts.append((started, ok))
+            time.sleep(0.005)
+
+
 def _notify_run(tmp_path: Path, address: str | bytes, notify_socket: str) -> None:
     systemd = Systemd(address)
     environ = _environ(tmp_path, NOTIFY_SOCKET=notify_socket, WATCHDOG_USEC="400000")
-    proc = _start(["--kernel", "scripted", "--port", "0", "--state-dir", str(tmp_path / "state")], environ)
+    port = free_port()
+    poller = HealthPoller(port)
+    proc = _start(["--kernel", "scripted", "--port", str(port), "--state-dir", str(tmp_path / "state")], environ)
     try:
         [ready] = systemd.wait_for("READY=1")
-        port = re.search(r"STATUS=listening on [^ ]+:(\d+),", ready)
-        assert port, ready
-        # what READY=1 vouches for: /health answers at once
-        health = requests.get(f"http://127.0.0.1:{port.group(1)}/health", timeout=5)
-        assert health.status_code == 200
+        ready_time = next(t for t, m in systemd.messages if "READY=1" in m)
+        assert f"STATUS=listening on 127.0.0.1:{port}, kernel scripted" in ready.split("\n"), ready
+        # what READY=1 vouches for: /health answers, from then on
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        deadline = time.monotonic() + 10
+        while not [ok for t, ok in poller.attempts if t > ready_time] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        poller.stopped.set()
+        after = [ok for t, ok in poller.attempts if t > ready_time]
+        assert after and all(after), poller.attempts[-20:]
         assert not [m for _, m in systemd.messages if "STOPPING=1" in m]
         systemd.wait_for("WATCHDOG=1", count=3)  # pings repeat (every 0.2 s here)
         watchdog_times = [t for t, m in systemd.messages if m == "WATCHDOG=1"]
-        ready_time = next(t for t, m in systemd.messages if "READY=1" in m)
         assert all(t > ready_time for t in watchdog_times)
         proc.send_signal(signal.SIGTERM)
         systemd.wait_for("STOPPING=1")
         assert proc.wait(30) == 0
     finally:
+        poller.stopped.set()
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
