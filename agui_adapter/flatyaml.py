@@ -89,10 +89,11 @@ def loads(text: str) -> dict[str, Any]:
         if line[0] in " \t":
             raise FlatYamlError(f"line {number}: nested values are not supported (flat keys only)")
         match = _KEY.match(line)
-        if match is None or not line[match.end() :].startswith(":"):
+        after = line[match.end() :].lstrip(" ") if match else ""
+        if match is None or not after.startswith(":"):
             raise FlatYamlError(f"line {number}: expected 'key: value'")
-        rest = line[match.end() + 1 :]
-        if rest and rest[0] not in " \t":
+        rest = after[1:]
+        if rest and rest[0] != " ":
             raise FlatYamlError(f"line {number}: expected a space after ':'")
         result[match.group()] = _scalar(rest.strip(), number)
     return result

@@ -94,6 +94,11 @@ def test_a_whole_document_reads_as_pyyaml_reads_it() -> None:
     assert loads(text) == yaml.safe_load(text)
 
 
+def test_spaces_around_the_colon_and_crlf_lines_read_as_pyyaml_reads_them() -> None:
+    text = "host : x\r\nport  :   8000\r\na-b_c: 1\r\n"
+    assert loads(text) == yaml.safe_load(text) == {"host": "x", "port": 8000, "a-b_c": 1}
+
+
 def test_the_documented_upstream_config_reads_as_pyyaml_reads_it() -> None:
     from pathlib import Path
 
@@ -119,6 +124,7 @@ def test_empty_documents_are_empty_mappings() -> None:
         "key: 'unterminated\n",
         "key: a: b\n",
         "key:x\n",
+        "key:\tvalue\n",  # PyYAML refuses a tab there too
         "just text\n",
         "key: 'x' y\n",
         '"quoted key": 1\n',
