@@ -71,21 +71,27 @@ def loads(text: str) -> dict[str, Any]:
     """The mapping in ``text`` (``{}`` for an empty document), keys as written."""
     result: dict[str, Any] = {}
     text = text.removeprefix("\ufeff")
-    ended = False
+    started = ended = False
     for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        stripped = line.lstrip()
+        line = raw.rstrip(" \r\n")
+        stripped = line.strip()
+        if "\t" in line[: len(line) - len(line.lstrip(" \t"))] or (not stripped and "\t" in line):
+            raise FlatYamlError(f"line {number}: tabs are not supported for indentation")
         if not stripped or stripped.startswith("#"):
             continue
         if ended:
             raise FlatYamlError(f"line {number}: only one document is supported")
         if line == "---" or line.startswith("--- #"):
-            if result:
+            if started:
                 raise FlatYamlError(f"line {number}: only one document is supported")
+            started = True
             continue
         if line == "...":
+            if not started:
+                raise FlatYamlError(f"line {number}: a document end without a document")
             ended = True
             continue
+        started = True
         if line[0] in " \t":
             raise FlatYamlError(f"line {number}: nested values are not supported (flat keys only)")
         match = _KEY.match(line)
@@ -95,7 +101,10 @@ def loads(text: str) -> dict[str, Any]:
         rest = after[1:]
         if rest and rest[0] != " ":
             raise FlatYamlError(f"line {number}: expected a space after ':'")
-        result[match.group()] = _scalar(rest.strip(), number)
+        value = rest.strip(" ")
+        if "\t" in (value if value[:1] not in ("'", '"') else rest[: len(rest) - len(rest.lstrip(" \t"))]):
+            raise FlatYamlError(f"line {number}: tabs are not supported outside quoted values")
+        result[match.group()] = _scalar(value, number)
     return result
 
 
@@ -111,7 +120,10 @@ def _scalar(text: str, number: int) -> Any:
         text = text[: comment.start()].rstrip()
     if text.startswith(_INDICATORS) or text == "-" or ": " in text or text.endswith(":") or "\t#" in text:
         raise FlatYamlError(f"line {number}: only plain or quoted scalar values are supported")
-    return _resolve(text)
+    try:
+        return _resolve(text)
+    except ValueError:  # e.g. "0x_": an integer by YAML 1.1's pattern, without digits
+        raise FlatYamlError(f"line {number}: {text!r} is not a valid number") from None
 
 
 def _resolve(text: str) -> Any:
@@ -193,7 +205,7 @@ def _quoted(text: str, number: int, *, single: bool) -> str:
             continue
         out.append(char)
         i += 1
-    tail = text[i + 1 :].strip()
+    tail = text[i + 1 :].strip(" ")
     if tail and not tail.startswith("#"):
         raise FlatYamlError(f"line {number}: unexpected text after the quoted value")
     return "".join(out)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agui_adapter.flatyaml import FlatYamlError, loads
 
@@ -134,3 +137,48 @@ def test_empty_documents_are_empty_mappings() -> None:
 def test_what_is_outside_the_subset_is_refused_naming_the_line(text: str) -> None:
     with pytest.raises(FlatYamlError, match=r"line \d"):
         loads(text)
+
+
+# Generated documents: whatever flatyaml accepts, PyYAML reads the same (refusing is always allowed).
+_PIECES = list("ab_-:#'\" \n\t.~1[{&!|-\\") + [
+    "---",
+    "...",
+    "k: v\n",
+    "\ufeff",
+    "\r\n",
+    "x: 1",
+    "- ",
+    "yes",
+    "0x",
+    ".inf",
+]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=14).map("".join))
+def test_what_flatyaml_accepts_pyyaml_reads_the_same(text: str) -> None:
+    try:
+        got = loads(text)
+    except FlatYamlError:
+        return
+    expected = yaml.safe_load(text) or {}
+    assert isinstance(expected, dict) and expected.keys() == got.keys(), (text, expected, got)
+    assert all(_same(got[k], expected[k]) for k in got), (text, expected, got)
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_PIECES[:-6] + ["1_0", "0b", "null", "on", ".nan", "e"]), max_size=8).map("".join))
+def test_a_generated_value_reads_as_pyyaml_reads_it(value: str) -> None:
+    text = f"key: {value}\n"
+    try:
+        got = loads(text)
+    except FlatYamlError:
+        return
+    expected = yaml.safe_load(text)
+    assert isinstance(expected, dict) and _same(got["key"], expected["key"]), (value, expected, got)
