@@ -184,6 +184,9 @@ def test_idle_shutdown_waits_for_a_pending_interrupt_then_exits(tmp_path: Path) 
         answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"selectedId": "sh"}}]
         assert client.run(resume(body, answer)).terminal["type"] == "RUN_FINISHED"
         assert _wait_exit(adapter.proc, 30.0) == 0
+        deadline = time.monotonic() + 10  # the reader thread may still be taking in the last lines
+        while b"idle for 1s (--idle-shutdown): stopping" not in adapter.log and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert b"idle for 1s (--idle-shutdown): stopping" in adapter.log
     finally:
         adapter.stop()
