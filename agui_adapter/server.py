@@ -6,11 +6,11 @@ the server and any kernel child it started. With ``--thread-retention-days`` a d
 thread prunes idle thread records at start-up and hourly (``retention.py``).
 
 Under systemd (``Type=notify``) the adapter says ``READY=1`` once its port listens, its
-kernel is chosen and its own ``/health`` answered, ``STOPPING=1`` on SIGTERM, and pings the watchdog while its server
-answers ``/health`` (``sdnotify.py``). At start it raises its open-file limit
-(``fdlimit.py``). Upstream's ``iac-code agui`` flags are accepted with upstream's meaning:
-``--idle-shutdown`` (``idle.py``), ``-d/--debug`` (``--log-level debug``) and
-``--log-stdout/--no-log-stdout``.
+kernel is chosen and its own ``/health`` answered, ``STOPPING=1`` on SIGTERM (or an idle
+shutdown), and pings the watchdog while its server answers ``/health`` (``sdnotify.py``).
+At start it raises its open-file limit (``fdlimit.py``). Upstream's ``iac-code agui``
+flags are accepted with upstream's meaning: ``--idle-shutdown`` (``idle.py``),
+``-d/--debug`` (``--log-level debug``) and ``--log-stdout/--no-log-stdout``.
 """
 
 from __future__ import annotations
