@@ -11,7 +11,7 @@
 #   * axe-core 4.10.2 (npm, same node prefix), injected into the console page by the browser suite
 #   * Chromium and its WebDriver from Debian's packages chromium + chromium-driver (tests/browser,
 #       marker browser): /usr/bin/chromium, /usr/bin/chromedriver; installed with apt-get (as root)
-#   * nginx and openssl from Debian's packages (tests/compat/test_deploy_nginx.py, marker nginx):
+#   * nginx, openssl and curl (HTTP/2 client) from Debian's packages (tests/compat/test_deploy_nginx.py, marker nginx):
 #       the tests run /usr/sbin/nginx themselves, in the foreground on loopback ports with their own
 #       configuration; the package's own service (port 80, if apt-get starts it) is not used
 # The a2a-sdk pin is required: iac-code 0.16.0 resolves a2a-sdk 1.3.0, with which the
@@ -146,12 +146,12 @@ nginx_bin() {
 }
 
 nginx_ok() {
-  nginx_bin >/dev/null && command -v openssl >/dev/null
+  nginx_bin >/dev/null && command -v openssl >/dev/null && command -v curl >/dev/null
 }
 
 setup_nginx() {
   if nginx_ok; then
-    log "nginx: $("$(nginx_bin)" -v 2>&1 | head -n 1) and openssl already installed (nothing to do)"
+    log "nginx: $("$(nginx_bin)" -v 2>&1 | head -n 1), openssl and curl already installed (nothing to do)"
     return
   fi
   command -v apt-get >/dev/null || die "nginx/openssl missing and apt-get not found (install Debian's nginx + openssl)"
@@ -160,10 +160,10 @@ setup_nginx() {
     command -v sudo >/dev/null || die "nginx/openssl missing; installing them needs root (apt-get install nginx openssl)"
     sudo="sudo"
   fi
-  log "nginx: apt-get install nginx openssl"
+  log "nginx: apt-get install nginx openssl curl"
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q nginx openssl
-  nginx_ok || die "nginx/openssl still missing after apt-get install"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q nginx openssl curl
+  nginx_ok || die "nginx/openssl/curl still missing after apt-get install"
   log "nginx: installed ($("$(nginx_bin)" -v 2>&1 | head -n 1))"
 }
 

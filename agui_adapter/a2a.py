@@ -1,6 +1,6 @@
 """The kernel client: JSON-RPC 2.0 over HTTP to the iac-code A2A runtime.
 
-One pooled ``requests.Session`` serves the unary calls. The streaming calls to an
+One pooled ``requests.Session`` (made on first use) serves the unary calls. The streaming calls to an
 ``http://`` kernel (a run's path to its first delta) go over the standard library's
 ``http.client`` on kept-alive connections of their own (``StreamConnections``): about a
 millisecond less per call than ``requests``, whose per-request machinery (hooks, adapters,
@@ -24,11 +24,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import requests
-from requests.adapters import HTTPAdapter
 
 from .http11 import ChunkedDecoder
 from .kernel_calls import PLAIN, Call, KernelCalls
@@ -39,7 +36,19 @@ try:  # the optional "speedups" extra: about 25% more events/s on the kernel's f
 except ImportError:  # the standard library is the default and always works
     _decode_batch = json.loads
 
+if TYPE_CHECKING:
+    import requests
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _requests() -> Any:
+    """``requests``, imported on first use: the unary calls and an ``https://`` kernel's
+    streams need it, a run's stream from an ``http://`` kernel does not (``StreamConnections``),
+    and importing it (urllib3, charset_normalizer, certifi, idna) is a fifth of the start-up."""
+    import requests
+
+    return requests
 
 
 class KernelUnavailable(Exception):
@@ -348,11 +357,9 @@ class KernelClient:
     ) -> None:
         self.url = url.rstrip("/") + "/"
         self._timeout = (connect_timeout, timeout)
-        self._session = requests.Session()
-        adapter = HTTPAdapter(pool_connections=2, pool_maxsize=pool_size, max_retries=0)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
-        self._session.trust_env = False  # never route loopback traffic through a proxy
+        self._pool_size = pool_size
+        self._requests_session: requests.Session | None = None
+        self._session_lock = threading.Lock()
         self._headers = {"A2A-Version": "1.0", "Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -374,8 +381,28 @@ class KernelClient:
     def __repr__(self) -> str:  # never show the token
         return f"KernelClient({self.url!r})"
 
+    @property
+    def _session(self) -> requests.Session:
+        """The pooled ``requests`` session of the unary calls, made on first use."""
+        session = self._requests_session
+        if session is None:
+            with self._session_lock:
+                if self._requests_session is None:
+                    requests = _requests()
+                    from requests.adapters import HTTPAdapter
+
+                    session = requests.Session()
+                    adapter = HTTPAdapter(pool_connections=2, pool_maxsize=self._pool_size, max_retries=0)
+                    session.mount("http://", adapter)
+                    session.mount("https://", adapter)
+                    session.trust_env = False  # never route loopback traffic through a proxy
+                    self._requests_session = session
+                session = self._requests_session
+        return session
+
     def close(self) -> None:
-        self._session.close()
+        if self._requests_session is not None:
+            self._requests_session.close()
         if self._streams is not None:
             self._streams.close()
 
@@ -392,8 +419,8 @@ class KernelClient:
                 stream=stream,
                 timeout=timeout or self._timeout,
             )
-        except requests.RequestException as exc:
-            kind = "timeout" if isinstance(exc, requests.Timeout) else "connection"
+        except _requests().RequestException as exc:
+            kind = "timeout" if isinstance(exc, _requests().Timeout) else "connection"
             raise KernelUnavailable(f"{method}: {exc.__class__.__name__}", kind) from exc
         if response.status_code >= 400:
             response.close()
@@ -515,8 +542,8 @@ class KernelClient:
                 response = self._session.request(
                     verb, self.url + path, headers=headers, timeout=(self._timeout[0], timeout), **kwargs
                 )
-            except requests.RequestException as exc:
-                kind = "timeout" if isinstance(exc, requests.Timeout) else "connection"
+            except _requests().RequestException as exc:
+                kind = "timeout" if isinstance(exc, _requests().Timeout) else "connection"
                 raise KernelUnavailable(f"{path}: {exc.__class__.__name__}", kind) from exc
             if response.status_code >= 500:
                 call.error = "http_status"

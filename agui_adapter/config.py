@@ -4,8 +4,15 @@ Precedence: flag > environment > config file > default. The environment variable
 use upstream's names (``IAC_CODE_AGUI_*``), so a deployment configured for the
 upstream adapter keeps working. The config file is INI (``[agui-adapter]`` section,
 ``key = value``) so that it can be read with the standard library and carry comments;
-``conf/agui-adapter.conf`` documents every key. The WSGI entry point reads the same
+``conf/agui-adapter.conf`` documents every key. Upstream's YAML config file (``iac-code agui
+--config``: flat ``key: value`` lines, keys like ``a2a_url`` or ``a2a-url``) is read too, by
+``flatyaml.py``: a file whose first line is not an INI section header is taken as YAML, with
+upstream's ``debug: true`` meaning ``log_level: debug``. The WSGI entry point reads the same
 environment and file.
+
+The bearer tokens may also come from systemd credentials (``LoadCredential=``): the files
+``agui-auth-token`` and ``agui-a2a-token`` in ``$CREDENTIALS_DIRECTORY``, below the
+environment and above the config file.
 
 Secrets (the bearer tokens) may come from the environment or the file; they are never
 logged and never shown by ``Settings.__repr__``.
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import flatyaml
 from .i18n import SUPPORTED_LANGUAGES, normalize_language
 
 SECTION = "agui-adapter"
@@ -76,6 +84,11 @@ class Settings:
     replay_buffer_bytes: int = 4 * 1024 * 1024
     #: How long a run goes on without a client before it is cancelled; 0: at once (the contract).
     disconnect_grace_seconds: float = 0.0
+    # --- upstream's ``iac-code agui`` options
+    #: Exit when no run has been active (and no interrupt pending) for this long; 0: never.
+    idle_shutdown: float = 0.0
+    #: Log lines to stdout instead of stderr (upstream mirrors its log file to stdout).
+    log_stdout: bool = False
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -115,14 +128,20 @@ ENV_NAMES: dict[str, str] = {
     "replay_retention_seconds": "IAC_CODE_AGUI_REPLAY_RETENTION_SECONDS",
     "replay_buffer_bytes": "IAC_CODE_AGUI_REPLAY_BUFFER_BYTES",
     "disconnect_grace_seconds": "IAC_CODE_AGUI_DISCONNECT_GRACE_SECONDS",
+    "idle_shutdown": "IAC_CODE_AGUI_IDLE_SHUTDOWN",
+    "log_stdout": "IAC_CODE_AGUI_LOG_STDOUT",
 }
 CONFIG_ENV = "IAC_CODE_AGUI_CONFIG"
+#: setting name -> file name in ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``)
+CREDENTIAL_NAMES: dict[str, str] = {"auth_token": "agui-auth-token", "a2a_token": "agui-a2a-token"}
 
 
 #: Settings that are a whole number of things, at least one.
 _COUNTS = ("max_connections", "max_runs")
 #: Settings that are a number of seconds, 0 included.
-_SECONDS_OR_ZERO = ("shutdown_grace_seconds", "replay_retention_seconds", "disconnect_grace_seconds")
+_SECONDS_OR_ZERO = ("shutdown_grace_seconds", "replay_retention_seconds", "disconnect_grace_seconds", "idle_shutdown")
+#: Settings that are true or false.
+_BOOLEANS = ("allow_remote_kernel", "log_stdout", "access_log")
 #: The smallest replay buffer: one run's first events must fit.
 MIN_REPLAY_BUFFER_BYTES = 64 * 1024
 #: Settings that are a positive, finite number of seconds.
@@ -186,7 +205,7 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= days < float("inf"):
             raise ConfigError(f"thread_retention_days must be 0 (off) or a positive number, got {value!r}.")
         return days
-    if name in ("allow_remote_kernel", "access_log"):
+    if name in _BOOLEANS:
         if isinstance(value, bool):
             return value
         text = str(value).strip().lower()
@@ -232,14 +251,30 @@ def _cors_origins(value: Any) -> str:
     return ",".join(items)
 
 
+def _is_ini(text: str) -> bool:
+    """The first line that is not blank or a comment is a section header."""
+    for line in text.splitlines():
+        line = line.strip().lstrip("\ufeff")
+        if line and not line.startswith(("#", ";")):
+            return line.startswith("[") and line.endswith("]")
+    return False
+
+
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The ``[agui-adapter]`` section of an INI file, keys normalised to snake_case."""
-    parser = configparser.ConfigParser(interpolation=None)
+    """The settings of a config file, keys normalised to snake_case: the ``[agui-adapter]``
+    section of an INI file, or upstream's flat YAML mapping (``_read_yaml``)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            parser.read_file(handle)
+            text = handle.read()
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {os.fspath(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the config file {os.fspath(path)!r} is not UTF-8 text.") from None
+    if not _is_ini(text) or os.fspath(path).endswith((".yaml", ".yml")):
+        return _read_yaml(text, os.fspath(path))
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text)
     except configparser.Error as exc:
         raise ConfigError(f"the config file {os.fspath(path)!r} is not valid INI: {exc.message}") from None
     if not parser.has_section(SECTION):
@@ -254,6 +289,52 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, str]:
     return values
 
 
+def _read_yaml(text: str, path: str) -> dict[str, str]:
+    """Upstream's YAML config: its keys (and ours) with upstream's meaning; ``debug: true``
+    is ``log_level: debug`` unless the file sets ``log_level``."""
+    try:
+        data = flatyaml.loads(text)
+    except flatyaml.FlatYamlError as exc:
+        raise ConfigError(f"the config file {path!r} is not a flat YAML mapping: {exc}") from None
+    known = {f.name for f in fields(Settings)}
+    values: dict[str, str] = {}
+    debug = False
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name == "debug":
+            if not isinstance(value, bool):
+                raise ConfigError(f"debug must be true or false in the config file {path!r}, got {value!r}.")
+            debug = value
+            continue
+        if name not in known:
+            raise ConfigError(f"unknown key {key!r} in the config file {path!r}.")
+        if value is None:
+            continue  # an empty value: the default, as for an empty INI value of a string
+        if isinstance(value, bool) and name not in _BOOLEANS:
+            raise ConfigError(f"{name} must not be true or false in the config file {path!r}.")
+        values[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    if debug and "log_level" not in values:
+        values["log_level"] = "debug"
+    return values
+
+
+def read_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """The tokens systemd passed with ``LoadCredential=`` (trailing newline dropped)."""
+    directory = env.get("CREDENTIALS_DIRECTORY", "")
+    if not directory:
+        return {}
+    values: dict[str, str] = {}
+    for name, filename in CREDENTIAL_NAMES.items():
+        try:
+            with open(os.path.join(directory, filename), encoding="utf-8") as handle:
+                values[name] = handle.read().rstrip("\r\n")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the credential {filename!r}: {exc}") from None
+    return values
+
+
 def load_settings(
     flags: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
@@ -264,6 +345,7 @@ def load_settings(
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     path = config_path or env.get(CONFIG_ENV) or ""
     file_values = read_config_file(path) if path else {}
+    file_values.update({k: v for k, v in read_credentials(env).items() if v})
     merged: dict[str, Any] = {}
     for f in fields(Settings):
         name = f.name

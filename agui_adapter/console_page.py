@@ -8,7 +8,6 @@ Everything else that reaches ``GET /`` keeps the JSON ``405 METHOD_NOT_ALLOWED``
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 
 from .i18n import weighted_items
 
@@ -35,4 +34,6 @@ def wants_page(accept: str) -> bool:
 @lru_cache(maxsize=1)
 def page() -> bytes:
     """The console page as shipped in the package."""
+    from importlib import resources  # on first use: not needed to start
+
     return resources.files("agui_adapter").joinpath("console", "index.html").read_bytes()

@@ -21,7 +21,6 @@ import math
 import string
 import sys
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from types import MappingProxyType
 
 SUPPORTED_LANGUAGES: tuple[str, ...] = ("en", "zh", "es", "fr", "de", "ja", "pt")
@@ -108,6 +107,8 @@ def negotiate_language(accept_language: str | None, preferred: object, default: 
 
 def _read_catalog(language: str) -> dict[str, str]:
     """Read ``locales/<language>.json`` strictly (raises if missing or malformed)."""
+    from importlib import resources  # on first use: not needed to start
+
     resource = resources.files(__package__ or "agui_adapter").joinpath("locales")
     text = resource.joinpath(f"{language}.json").read_text(encoding="utf-8")
     data = json.loads(text)

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from .a2a import check_kernel_url
 from .config import Settings
 
@@ -116,17 +114,30 @@ def iac_code_executable() -> str | None:
     return shutil.which("iac-code")
 
 
+def _healthy(url: str, token: str, timeout: float) -> bool:
+    """``GET <url>health`` with the token answers 200 (``http.client``: the kernels it starts
+    are ``http://`` on loopback, and ``requests`` is not imported for it, ``a2a._requests``)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
+    try:
+        connection.request("GET", (parts.path or "/") + "health", headers={"Authorization": f"Bearer {token}"})
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, token: str, deadline: float) -> None:
-    headers = {"Authorization": f"Bearer {token}"}
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
             raise KernelStartError(f"the kernel exited during start-up (exit code {code}).")
-        try:
-            if requests.get(url + "health", headers=headers, timeout=0.5).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
+        if _healthy(url, token, 0.5):
+            return
         time.sleep(0.1)
     raise KernelStartError("the kernel did not become ready in time.")
 

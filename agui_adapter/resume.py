@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from . import interrupts as intr
 from . import messages as msg
 from . import outbound
@@ -64,7 +62,10 @@ def first_expiry(pending: Mapping[str, PendingInterrupt], now: float) -> str | N
 
 
 def payload_error(schema: dict[str, Any], payload: Any) -> str | None:
-    """None when ``payload`` satisfies ``schema``, else a short English reason."""
+    """None when ``payload`` satisfies ``schema``, else a short English reason (jsonschema is
+    imported here, on the first Resume: most runs never need it)."""
+    import jsonschema
+
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(payload))
     return None if error is None else error.message
 

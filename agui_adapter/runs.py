@@ -33,6 +33,7 @@ from .a2a import KernelClient, KernelRejected, KernelUnavailable
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError, Code
+from .idle import IdleWatch
 from .interrupts import rfc3339
 from .journal import JournalReader, JournalStore, ReplayUnavailable, RunNotFound
 from .metrics import Metrics
@@ -119,6 +120,7 @@ class RunEngine:
         if settings.allowed_cwds:
             self._env["IAC_CODE_AGUI_ALLOWED_CWDS"] = settings.allowed_cwds
         self._run_slots = threading.BoundedSemaphore(settings.max_runs)
+        self.idle = IdleWatch()  # runs admitted and ended, for --idle-shutdown (``idle.py``)
         self.workspaces = Workspaces(self._env, reserved=(store.root,))
         self.journals = JournalStore(
             store.root,
@@ -140,10 +142,12 @@ class RunEngine:
                 Code.SERVER_BUSY, msg.SERVER_BUSY, {"seconds": RETRY_AFTER_SECONDS, "retryAfter": RETRY_AFTER_SECONDS}
             )
         try:
-            return self._admit(run_input, language)
+            admission = self._admit(run_input, language)
         except BaseException:
             self._run_slots.release()
             raise
+        self.idle.touch(run_input.thread_id)
+        return admission
 
     def _admit(self, run_input: RunInput, language: str) -> Admission:
         props = run_input.props
@@ -342,6 +346,7 @@ class RunEngine:
         if live:  # once per run, however often its body is closed
             self.metrics.run_closed()
             self._run_slots.release()
+            self.idle.touch()
 
     def live_driver(self, thread_id: str) -> RunDriver | None:
         """This process's live run of the thread: the one holding it, else a guidance run."""

@@ -4,6 +4,13 @@
 says where the adapter listens and which kernel it uses; Ctrl-C (or SIGTERM) stops
 the server and any kernel child it started. With ``--thread-retention-days`` a daemon
 thread prunes idle thread records at start-up and hourly (``retention.py``).
+
+Under systemd (``Type=notify``) the adapter says ``READY=1`` once its port listens, its
+kernel is chosen and its own ``/health`` answered, ``STOPPING=1`` on SIGTERM (or an idle
+shutdown), and pings the watchdog while its server answers ``/health`` (``sdnotify.py``).
+At start it raises its open-file limit (``fdlimit.py``). Upstream's ``iac-code agui``
+flags are accepted with upstream's meaning: ``--idle-shutdown`` (``idle.py``),
+``-d/--debug`` (``--log-level debug``) and ``--log-stdout/--no-log-stdout``.
 """
 
 from __future__ import annotations
@@ -17,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, logs, state_gauges
+from . import __version__, fdlimit, idle, logs, sdnotify, state_gauges
 from .a2a import KernelClient
-from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
+from .config import CONFIG_ENV, ENV_NAMES, KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
 from .decode_budget import DECODES, map_large_allocations
 from .kernel_calls import KernelCalls
 from .kernels import KernelProcess, KernelStartError, start_kernel
@@ -27,7 +34,7 @@ from .metrics import Metrics
 from .retention import start_retention
 from .runs import RunEngine
 from .serving import ServerLimits, WSGIServer
-from .store import ThreadStore
+from .store import StoreError, ThreadStore
 from .tracing import Tracing, from_environment
 from .web import AguiApp
 
@@ -79,9 +86,14 @@ def server_limits(settings: Settings) -> ServerLimits:
     )
 
 
-def configure_logging(level: str, log_format: str = "text") -> None:
-    """Root logging at ``level``, as text lines or JSON lines (``logs.py``)."""
+def configure_logging(level: str, log_format: str = "text", stdout: bool = False) -> None:
+    """Root logging at ``level``, as text lines or JSON lines (``logs.py``), on stderr, or
+    on stdout with ``stdout`` (upstream's ``--log-stdout``)."""
     logs.configure(level, log_format)
+    if stdout:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+                handler.setStream(sys.stdout)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -90,7 +102,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="AG-UI front door for the iac-code A2A kernel (flags > env > config file > defaults).",
     )
     parser.add_argument("--version", action="version", version=f"agui-adapter {__version__}")
-    parser.add_argument("--config", help="INI config file (env IAC_CODE_AGUI_CONFIG)")
+    parser.add_argument("--config", help="INI config file, or upstream's flat YAML one")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", help="listen port (default 8000; 0 picks a free one)")
     parser.add_argument("--a2a-url", dest="a2a_url", help="URL of a running kernel (loopback)")
@@ -106,14 +118,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="delete thread records idle for longer than this many days (default 0 = keep for ever)",
     )
     parser.add_argument("--default-language", dest="default_language", help="fallback language (en)")
-    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="info by default")
+    parser.add_argument(
+        "-d", "--debug", action="store_true", default=None, help="same as --log-level debug (upstream's flag)"
+    )
+    parser.add_argument(
+        "--log-stdout",
+        dest="log_stdout",
+        action=argparse.BooleanOptionalAction,
+        help="log to stdout instead of stderr (upstream's flag; default --no-log-stdout)",
+    )
+    parser.add_argument(
+        "--idle-shutdown",
+        dest="idle_shutdown",
+        metavar="SECONDS",
+        help="exit after this long with no run active and no interrupt pending (default 0 = never)",
+    )
     parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS, help="text (default) or json lines")
     parser.add_argument(
         "--access-log",
         dest="access_log",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="one log line per request (default on; env IAC_CODE_AGUI_ACCESS_LOG)",
+        help="one log line per request (default on)",
     )
     parser.add_argument(
         "--keepalive-timeout-seconds", dest="keepalive_timeout_seconds", help="idle keep-alive connection lifetime (5)"
@@ -148,18 +175,102 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--replay-buffer-bytes", dest="replay_buffer_bytes", help="bytes of a run's events kept for replay (4 MiB)"
     )
+    _name_environment_variables(parser)
     return parser.parse_args(argv)
+
+
+def _name_environment_variables(parser: argparse.ArgumentParser) -> None:
+    """``--help`` names each flag's environment variable (as upstream's typer help does)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public list of its actions
+        env = CONFIG_ENV if action.dest == "config" else ENV_NAMES.get(action.dest)
+        if action.dest == "debug":
+            env = ENV_NAMES["log_level"] + "=debug"
+        if env:
+            action.help = f"{action.help or ''} [env {env}]".strip()
+
+
+def _waiting_threads(store: ThreadStore, thread_ids: list[str]) -> list[str]:
+    """Those of ``thread_ids`` whose record has an interrupt that can still be answered."""
+    waiting = []
+    for thread_id in thread_ids:
+        try:
+            record = store.load(thread_id)
+        except StoreError:
+            continue  # unreadable: it cannot be answered either
+        if record is not None and record.execution.waiting:
+            waiting.append(thread_id)
+    return waiting
+
+
+def _health_probe(host: str, port: int, timeout: float) -> bool:
+    """``HEAD /health`` answered 200 on the adapter's own port: its accept loop and a
+    connection thread work (what the watchdog vouches for)."""
+    import http.client
+
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("HEAD", "/health", headers={"User-Agent": "agui-adapter-watchdog"})
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def announce_ready(notifier: sdnotify.Notifier, healthy: Any, status: str, deadline: float = 60.0) -> None:
+    """``READY=1`` once ``healthy()`` (the server answered its own ``/health``): from a thread,
+    since the server loop that answers runs in the caller's thread right after."""
+    if not notifier.enabled:
+        return
+
+    def wait_then_notify() -> None:
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            if healthy():
+                notifier.ready(status)
+                return
+            time.sleep(0.01)
+        log.warning("the server did not answer its own /health within %gs: not ready", deadline)
+
+    threading.Thread(target=wait_then_notify, name="sd-ready", daemon=True).start()
+
+
+def start_watchdog(notifier: sdnotify.Notifier, healthy: Any) -> threading.Event:
+    """Ping systemd's watchdog every ``$WATCHDOG_USEC``/2 while ``healthy()``; set the event to stop."""
+    stop = threading.Event()
+    interval = notifier.watchdog_interval
+    if interval is None:
+        return stop
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            if healthy():
+                notifier.watchdog()
+            else:
+                log.warning("the server did not answer its own /health: no watchdog ping")
+
+    threading.Thread(target=loop, name="sd-watchdog", daemon=True).start()
+    return stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "config"}
+    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("config", "debug")}
+    if args.debug and args.log_level is None:
+        flags["log_level"] = "debug"
     try:
         settings = load_settings(flags, config_path=args.config)
     except ConfigError as exc:
         print(f"agui-adapter: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, settings.log_stdout)
+    log.debug("settings: %r", settings)  # the tokens are not part of its repr
+    fdlimit.check(settings.max_connections, settings.max_runs)
+    notifier = sdnotify.Notifier()
     try:
         kernel = start_kernel(settings)
     except (KernelStartError, ValueError) as exc:
@@ -189,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def stop(signum: int, _frame: Any) -> None:
         if not stopping.is_set():
             stopping.set()
-            log.info("stopping (signal %d): open runs get %ss", signum, settings.shutdown_grace_seconds)
+            notifier.stopping()
+            if signum:
+                log.info("stopping (signal %d): open runs get %ss", signum, settings.shutdown_grace_seconds)
             threading.Thread(target=graceful_stop, name="graceful-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
@@ -205,11 +318,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.resolved_state_dir(),
     )
     retention = start_retention(settings)
+    watchdog = start_watchdog(
+        notifier, lambda: not stopping.is_set() and _health_probe(host, port, notifier.watchdog_interval or 1.0)
+    )
+    idle_monitor = (
+        idle.start_monitor(
+            settings.idle_shutdown,
+            app.engine.idle,
+            app.engine.live_runs,
+            lambda ids: _waiting_threads(app.engine.store, ids),
+            lambda: stop(0, None),
+        )
+        if settings.idle_shutdown > 0
+        else None
+    )
+    announce_ready(
+        notifier,
+        lambda: not stopping.is_set() and _health_probe(host, port, 1.0),
+        f"listening on {host}:{port}, kernel {kernel.kind}",
+    )
     try:
         server.serve_forever()
         if stopping.is_set():
             stopped.wait(settings.shutdown_grace_seconds + 10)
     finally:
+        watchdog.set()
+        if idle_monitor is not None:
+            idle_monitor.set()
         if retention is not None:
             retention.stop()
         server.server_close()

@@ -30,13 +30,13 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
-from typing import Any
-
-from jsonschema import Draft202012Validator, ValidationError, validators
+from typing import TYPE_CHECKING, Any
 
 from agui_adapter import fastschema, messages
 from agui_adapter.errors import AguiError, Code
+
+if TYPE_CHECKING:  # jsonschema is imported on first use (``_validator``): most requests never need it
+    from jsonschema import ValidationError
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -137,13 +137,21 @@ def _is_strict_integer(_checker: object, instance: object) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-_StrictValidator = validators.extend(
-    Draft202012Validator,
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer),
-)
+def _strict_validator_class() -> Any:
+    """Draft 2020-12 with the contract's integers (jsonschema imported here, on first use:
+    an envelope the ``fastschema`` path accepts never needs it, and importing it and its
+    dependencies is a third of the adapter's start-up)."""
+    from jsonschema import Draft202012Validator, validators
+
+    return validators.extend(
+        Draft202012Validator,
+        type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer),
+    )
 
 
 def _load_schema(name: str) -> dict[str, Any]:
+    from importlib import resources  # on first use: not needed to start
+
     text = resources.files("agui_adapter").joinpath("schemas", name).read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
@@ -163,7 +171,7 @@ def envelope_schema() -> dict[str, Any]:
 @cache
 def _validator() -> Any:
     """The compiled jsonschema validator of the whole envelope."""
-    return _StrictValidator(envelope_schema())
+    return _strict_validator_class()(envelope_schema())
 
 
 @cache

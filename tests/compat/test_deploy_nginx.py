@@ -4,7 +4,10 @@
 ``openssl`` for the test, the first delta of a ``[SLOW]`` run arrives long before the run ends,
 heartbeats of a ``[SILENT n]`` run pass promptly and keep the stream open through nginx's read
 timeout, a client that goes away still cancels the kernel task, ``X-Request-ID`` flows
-through, and nginx's gzip does not touch the event stream.
+through, and nginx's gzip does not touch the event stream. Over HTTP/2 (``curl --http2``) the
+stream is just as unbuffered; ``/metrics`` answers only an allowed address (a JSON 403 from
+127.0.0.2); an upstream that took the request and never answered is 504 ``GATEWAY_TIMEOUT``,
+one refusing or not accepting connections 503 ``A2A_UNAVAILABLE``.
 
 ``deploy/nginx-sticky-threads.conf`` in front of two adapter+kernel pairs (each adapter with
 its own state directory and its own scripted kernel, whose request log shows which pair a
@@ -22,8 +25,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import ssl
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -103,7 +109,7 @@ def proxied(
         "nginx-tls.conf",
         {
             "server 127.0.0.1:8000;": f"server 127.0.0.1:{_port(adapter.url)};",
-            "listen 443 ssl;": f"listen 127.0.0.1:{port} ssl;",
+            "listen 443 ssl http2;": f"listen 127.0.0.1:{port} ssl http2;",
             "/etc/nginx/tls/agui-adapter.crt": str(cert),
             "/etc/nginx/tls/agui-adapter.key": str(key),
             "proxy_read_timeout 120s;": f"proxy_read_timeout {READ_TIMEOUT};",
@@ -223,6 +229,186 @@ def test_x_request_id_flows_through(proxied: dict[str, Any]) -> None:
     made_up = client.run(run_body("hello", cwd=str(proxied["workspace"])))
     assert made_up.status == 200
     assert re.fullmatch(r"[0-9a-f]{32}", made_up.headers["X-Request-ID"]), made_up.headers
+
+
+def _require_curl() -> str:
+    """curl (the HTTP/2 client); fails under ``CI=true`` and skips otherwise when it is missing."""
+    curl = shutil.which("curl")
+    if curl is None:
+        message = "curl not found; install it with: apt-get install -y curl  (or: bash .ci/setup-peers.sh)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return curl
+
+
+def _curl_stream(
+    proxied: dict[str, Any], body: dict[str, Any], tmp_path: Path
+) -> tuple[str, list[tuple[float, bytes]]]:
+    """POST a run through nginx with ``curl --http2``; the HTTP version curl used and every
+    piece of its output as it arrived, with its arrival time."""
+    curl = _require_curl()
+    payload = tmp_path / "body.json"
+    payload.write_text(json.dumps(body))
+    command = [
+        curl, "--http2", "-sS", "-N", "--cacert", str(proxied["cert"]), "-H", "Content-Type: application/json",
+        "-H", "Accept: text/event-stream", "--data-binary", f"@{payload}", "-w", "\\nHTTP-VERSION %{http_version}\\n",
+        "--max-time", "60", proxied["url"],
+    ]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    chunks: list[tuple[float, bytes]] = []
+    for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        chunks.append((time.monotonic() - start, chunk))
+    assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    raw = b"".join(c for _, c in chunks)
+    version = raw.rsplit(b"HTTP-VERSION ", 1)[1].strip().decode()
+    return version, chunks
+
+
+def test_sse_over_http2_is_not_buffered(proxied: dict[str, Any], tmp_path: Path) -> None:
+    body = run_body("[SLOW]", cwd=str(proxied["workspace"]))
+    version, chunks = _curl_stream(proxied, body, tmp_path)
+    assert version == "2"  # curl and nginx agreed on HTTP/2 (ALPN)
+    first_delta = _first_arrival(chunks, b'"TEXT_MESSAGE_CONTENT"')
+    finished = _first_arrival(chunks, b'"RUN_FINISHED"')
+    assert finished - first_delta > 1.5, (first_delta, finished)  # 10 deltas 0.3 s apart, each sent at once
+    raw = b"".join(c for _, c in chunks).rsplit(b"HTTP-VERSION ", 1)[0]
+    events = parse_sse(raw)
+    check_stream(events)
+    assert events[-1]["type"] == "RUN_FINISHED"
+
+
+def test_http2_health_and_json_errors(proxied: dict[str, Any], tmp_path: Path) -> None:
+    curl = _require_curl()
+    done = subprocess.run(
+        [curl, "--http2", "-sS", "--cacert", str(proxied["cert"]), "-w", "\\n%{http_version} %{http_code}",
+         "-H", "Content-Type: text/plain", "--data-binary", "x", proxied["url"]],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    body, _, status = done.stdout.rpartition("\n")
+    assert status == "2 415", done.stdout + done.stderr
+    assert json.loads(body)["error"]["code"] == "UNSUPPORTED_MEDIA_TYPE"
+
+
+def _get_from(source: str, url: str, cert: Path) -> requests.Response:
+    """``GET url`` with the connection's source address bound to ``source`` (a loopback alias)."""
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = str(cert)
+
+    class SourceAdapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["source_address"] = (source, 0)
+            super().init_poolmanager(*args, **kwargs)
+
+    session.mount("https://", SourceAdapter())
+    return session.get(url, timeout=10)
+
+
+def test_metrics_only_from_an_allowed_address(proxied: dict[str, Any]) -> None:
+    url, cert = proxied["url"], proxied["cert"]
+    allowed = _get_from("127.0.0.1", url + "metrics", cert)
+    assert allowed.status_code == 200 and "agui_" in allowed.text
+    refused = _get_from("127.0.0.2", url + "metrics", cert)
+    assert refused.status_code == 403
+    assert refused.headers["Content-Type"] == "application/json"
+    assert refused.json()["error"]["code"] == "FORBIDDEN"
+    assert "agui_" not in refused.text
+    # only /metrics: the rest of the adapter answers the same address
+    assert _get_from("127.0.0.2", url + "health", cert).status_code == 200
+
+
+class SilentUpstream:
+    """A TCP server that reads requests and never answers (an adapter that hangs)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _full_backlog() -> tuple[socket.socket, list[socket.socket]]:
+    """A listening socket whose backlog is full: a new connection's SYN is dropped, so connecting
+    to it times out (an adapter host that does not answer)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(server.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    return server, fillers
+
+
+def test_a_read_timeout_is_told_apart_from_the_adapter_down(nginx_binary: str, tmp_path: Path) -> None:
+    """An adapter that took the request and never answered: 504 GATEWAY_TIMEOUT; one refusing
+    connections, or not answering the connect: 503 A2A_UNAVAILABLE with Retry-After."""
+    silent = SilentUpstream()
+    closed_port = free_port()  # nothing listens there
+    unreachable, fillers = _full_backlog()
+    cert, key = self_signed_cert(tmp_path)
+    answers: dict[str, requests.Response] = {}
+    upstreams = {"hung": silent.port, "refused": closed_port, "unreachable": unreachable.getsockname()[1]}
+    try:
+        for name, upstream_port in upstreams.items():
+            port = free_port()
+            site = render_recipe(
+                "nginx-tls.conf",
+                {
+                    "server 127.0.0.1:8000;": f"server 127.0.0.1:{upstream_port};",
+                    "listen 443 ssl http2;": f"listen 127.0.0.1:{port} ssl http2;",
+                    "/etc/nginx/tls/agui-adapter.crt": str(cert),
+                    "/etc/nginx/tls/agui-adapter.key": str(key),
+                    "proxy_read_timeout 120s;": "proxy_read_timeout 1s;",
+                    "proxy_connect_timeout 5s;": "proxy_connect_timeout 1s;",
+                },
+            )
+            nginx = Nginx(nginx_binary, tmp_path / f"nginx-{name}", site, port).start()
+            try:
+                client = _tls_client(f"https://127.0.0.1:{port}/", cert)
+                answers[name] = client.session.post(
+                    client.url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=30
+                )
+                if name == "unreachable":
+                    assert "timed out (110: Connection timed out) while connecting to upstream" in nginx.error_log()
+            finally:
+                nginx.stop()
+    finally:
+        silent.close()
+        for sock in (unreachable, *fillers):
+            sock.close()
+    hung = answers["hung"]
+    assert hung.status_code == 504, hung.text
+    assert hung.json() == {"error": {"code": "GATEWAY_TIMEOUT", "message": "The adapter did not answer in time."}}
+    assert "Retry-After" not in hung.headers
+    for name in ("refused", "unreachable"):
+        down = answers[name]
+        assert down.status_code == 503, (name, down.text)
+        assert down.json() == {
+            "error": {"code": "A2A_UNAVAILABLE", "message": "The adapter is unavailable; retry later."}
+        }
+        assert down.headers["Retry-After"] == "10"
 
 
 # ------------------------------------------------------------------- two pairs, sticky threads

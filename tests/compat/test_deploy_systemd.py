@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter.config import Settings, load_settings
+from agui_adapter.config import CREDENTIAL_NAMES, Settings, load_settings
+from agui_adapter.fdlimit import descriptors_needed
 from agui_adapter.server import parse_args
 
 UNIT = Path(__file__).resolve().parents[2] / "deploy" / "agui-adapter.service"
@@ -78,6 +79,33 @@ def test_systemd_analyze_security_rates_the_unit_ok(unit_copy: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+
+
+def test_the_credential_alternative_verifies_too(unit_copy: Path, tmp_path: Path) -> None:
+    """The commented ``LoadCredential=`` line, once uncommented (as the unit tells), is valid."""
+    text = unit_copy.read_text()
+    assert "\n#LoadCredential=agui-auth-token:/etc/agui-adapter/auth-token\n" in text
+    source = tmp_path / "auth-token"
+    source.write_text("token\n")
+    unit_copy.write_text(
+        text.replace(
+            "#LoadCredential=agui-auth-token:/etc/agui-adapter/auth-token", f"LoadCredential=agui-auth-token:{source}"
+        )
+    )
+    done = subprocess.run(
+        [_systemd_analyze(), "verify", "--man=no", str(unit_copy)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
+    assert CREDENTIAL_NAMES["auth_token"] == "agui-auth-token"
+
+
+def test_the_unit_notifies_and_has_room_for_its_connections() -> None:
+    d = _directives()
+    assert d["Type"] == ["notify"] and d["NotifyAccess"] == ["main"]
+    assert float(d["WatchdogSec"][0]) >= 10  # pings every 15 s, each a /health of its own
+    args = parse_args(shlex.split(d["ExecStart"][0])[1:])
+    settings = load_settings({k: v for k, v in vars(args).items() if k not in ("config", "debug")}, env={})
+    assert int(d["LimitNOFILE"][0]) >= descriptors_needed(settings.max_connections, settings.max_runs)
 
 
 def test_the_unit_is_hardened() -> None:
