@@ -1,7 +1,9 @@
 """The console page: a browser's ``GET /`` gets a self-contained page that drives the adapter.
 
 Why a module: the page is package data (``console/index.html``, no build step, nothing fetched
-from elsewhere), and whether a ``GET /`` wants it is a content-negotiation rule of its own.
+from elsewhere; the one file it imports is the client module beside it, from its own origin at
+``GET /agui-adapter-client.mjs``), and whether a ``GET /`` wants it is a content-negotiation
+rule of its own.
 Everything else that reaches ``GET /`` keeps the JSON ``405 METHOD_NOT_ALLOWED`` answer.
 """
 
@@ -12,8 +14,9 @@ from functools import lru_cache
 from .i18n import weighted_items
 
 # The page talks only to its own origin; the policy makes that a rule the browser enforces.
+# script-src 'self': the page's inline module imports the client module from its own origin.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; "
     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 

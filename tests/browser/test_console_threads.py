@@ -146,8 +146,11 @@ def test_resume_required_shows_the_question_instead_of_a_dead_end(adapter: Any, 
     assert [e for e in console_errors(browser) if "409" not in e] == []  # Chromium logs the refused POST
 
 
-def test_every_thread_bound_request_names_its_thread(adapter: Any, workspace: Path, browser: Any) -> None:
-    """X-AGUI-Thread-Id on POST /, GET /threads/..., the events route and cancel (sticky routing)."""
+def test_every_thread_bound_request_names_its_thread(make_adapter: Any, workspace: Path, browser: Any) -> None:
+    """X-AGUI-Thread-Id on POST /, GET /threads/..., the events route and cancel (sticky routing).
+    (A grace period keeps the run going across the reload: without one, the adapter notices the
+    reload's hang-up at once and cancels the run before the page can press "Cancel run".)"""
+    adapter = make_adapter(disconnect_grace_seconds=30)
     seen: list[tuple[str, str, str | None]] = []
     app = adapter.server.app
 

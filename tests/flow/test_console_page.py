@@ -34,6 +34,9 @@ def test_a_browser_gets_the_console_page(adapter: Any) -> None:
     # and the browser is told so: the page may talk to its own origin only
     policy = response.headers["Content-Security-Policy"]
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    # its one import is the client module, from its own origin (script-src 'self' allows no more)
+    assert re.findall(r"""\bfrom\s+["']([^"']+)["']|\bimport\s*\(""", page) == ["/agui-adapter-client.mjs"]
+    assert "script-src 'self' 'unsafe-inline';" in policy
     assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
