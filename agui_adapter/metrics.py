@@ -444,28 +444,6 @@ _multiprocess_lock = threading.Lock()
 
 
 # ====================================================================== the adapter's metrics
-class KernelUpProbe:
-    """The kernel's health as 1.0 / 0.0, asked at most once per ``ttl`` seconds."""
-
-    def __init__(self, health: Callable[[], bool], ttl: float = KERNEL_UP_TTL) -> None:
-        self._health = health
-        self._ttl = ttl
-        self._lock = threading.Lock()
-        self._value = 0.0
-        self._until = float("-inf")
-
-    def value(self) -> float:
-        with self._lock:
-            now = time.monotonic()
-            if now >= self._until:
-                try:
-                    self._value = 1.0 if self._health() else 0.0
-                except Exception:  # noqa: BLE001 - a failing probe means down
-                    self._value = 0.0
-                self._until = now + self._ttl
-            return self._value
-
-
 class Cached:
     """A number read at most once per ``ttl`` seconds (a failing read keeps the last value)."""
 
@@ -486,6 +464,20 @@ class Cached:
                     log.warning("a metrics reading failed", exc_info=True)
                 self._until = now + self._ttl
             return self._value
+
+
+class KernelUpProbe(Cached):
+    """The kernel's health as 1.0 / 0.0, asked at most once per ``ttl`` seconds; a probe
+    that fails means down (where another reading keeps its last value)."""
+
+    def __init__(self, health: Callable[[], bool], ttl: float = KERNEL_UP_TTL) -> None:
+        def up() -> float:
+            try:
+                return 1.0 if health() else 0.0
+            except Exception:  # noqa: BLE001 - a failing probe means down
+                return 0.0
+
+        super().__init__(up, ttl)
 
 
 class Metrics:
