@@ -41,6 +41,7 @@ from typing import Any
 
 from .record import RunEntry
 from .run_machine import run_tag
+from .translate import mint_id
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -57,14 +58,7 @@ class _Segment:
     message: dict[str, Any] | None = None  # the run's assistant message, once it said something
 
     def fresh(self, base: str) -> str:
-        if self.namespace:
-            base = f"{base}@{self.namespace}"
-        candidate, n = base, 1
-        while candidate in self.used:
-            n += 1
-            candidate = f"{base}~{n}"
-        self.used.add(candidate)
-        return candidate
+        return mint_id(base, self.namespace, self.used)
 
 
 def _turns(runs: Sequence[RunEntry]) -> list[tuple[str, list[_Segment]]]:

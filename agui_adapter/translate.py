@@ -200,6 +200,20 @@ def _digest(text: str) -> str:
 _USAGE_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "cachedInputTokens")
 
 
+def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
+    """The id a run gives to a message or tool call of the kernel's ``base`` id: namespaced by
+    the run (a Resume's ``@<run tag>``), made unique within the run (``~2``, ``~3``), and
+    remembered in ``used``. ``history`` mints the same ids to give back what the run streamed."""
+    if namespace:
+        base = f"{base}@{namespace}"
+    candidate, n = base, 1
+    while candidate in used:
+        n += 1
+        candidate = f"{base}~{n}"
+    used.add(candidate)
+    return candidate
+
+
 class RunTranslator:
     """Maps the kernel frames of one AG-UI run to AG-UI events."""
 
@@ -237,14 +251,7 @@ class RunTranslator:
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
-        if self._namespace:
-            base = f"{base}@{self._namespace}"
-        candidate, n = base, 1
-        while candidate in self._used_ids:
-            n += 1
-            candidate = f"{base}~{n}"
-        self._used_ids.add(candidate)
-        return candidate
+        return mint_id(base, self._namespace, self._used_ids)
 
     # --- frames -----------------------------------------------------------------------
     def map(self, info: FrameInfo, ts: int) -> list[Event]:
