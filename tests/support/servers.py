@@ -1,9 +1,9 @@
 """The adapter under test, served on real loopback sockets.
 
-``InProcessAdapter`` serves the WSGI app under Werkzeug's threaded server in this process (so
-tests can swap settings cheaply); ``AdapterProcess`` runs ``python run.py`` as a child process,
-for restart, kill and real-kernel scenarios. ``wait_until_unreachable`` proves a process
-stopped.
+``InProcessAdapter`` serves the WSGI app under the built-in server (``agui_adapter.serving``,
+what ``python run.py`` uses) in this process (so tests can swap settings cheaply);
+``AdapterProcess`` runs ``python run.py`` as a child process, for restart, kill and
+real-kernel scenarios. ``wait_until_unreachable`` proves a process stopped.
 """
 
 from __future__ import annotations
