@@ -22,6 +22,7 @@ from agui_adapter.interrupts import rfc3339
 from agui_adapter.record import PendingInterrupt
 from agui_adapter.retention import DAY_SECONDS, RetentionJob, prune, start_retention
 from agui_adapter.store import Execution, ThreadRecord, ThreadStore, thread_key
+from tests.support.flow import wait_for
 
 NOW = 1_800_000_000.0  # a fixed "now" (2027-01-15)
 RETAIN = 30 * DAY_SECONDS
@@ -297,11 +298,12 @@ def test_mutual_exclusion_holds_while_threads_are_pruned(tmp_path: Path) -> None
     threads = [threading.Thread(target=worker, args=(s,)) for s in stores] + [threading.Thread(target=pruner)]
     for thread in threads:
         thread.start()
-    time.sleep(1.5)
-    stop.set()
-    for thread in threads:
-        thread.join(10)
-    assert rounds[0] > 10  # the thread really was deleted again and again meanwhile
+    try:
+        wait_for(lambda: rounds[0] > 10, 60)  # the thread really was deleted again and again meanwhile
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
     assert overlaps[0] == 0
 
 
