@@ -194,6 +194,21 @@ def test_an_empty_or_missing_directory_is_fine(tmp_path: Path) -> None:
 # --- locks and deletion -------------------------------------------------------------------------
 
 
+def _flock_waited_on(inode: int) -> bool:
+    """Whether some process is blocked waiting for a flock on ``inode`` (Linux ``/proc/locks``;
+    True where there is no way to look)."""
+    locks = Path("/proc/locks")
+    if not locks.exists():
+        return True
+    for line in locks.read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and "FLOCK" in fields:
+            device_inode = fields[fields.index("FLOCK") + 4]
+            if int(device_inode.rsplit(":", 1)[1]) == inode:
+                return True
+    return False
+
+
 def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -> None:
     """The inode check: a waiter that opened the lock file before it was unlinked retries."""
     make_thread(store, "raced", age_days=0)
@@ -223,10 +238,10 @@ def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
-    assert opened.wait(10)  # it opened the old file and now waits for the flock
-    time.sleep(0.1)
-    assert not inside.is_set()
+    assert opened.wait(10)  # it opened the old file ...
     old_inode = os.fstat(pruner_fd).st_ino
+    wait_for(lambda: _flock_waited_on(old_inode), 10)  # ... and now waits for the flock
+    assert not inside.is_set()
     os.unlink(path)  # delete while holding, as remove_if does ...
     os.close(pruner_fd)  # ... then let go
     assert inside.wait(10)
