@@ -45,7 +45,7 @@ from .http11 import (
     take_head,
 )
 
-log = logging.getLogger("agui_adapter.serving")  # the server's log, as before the split
+log = logging.getLogger("agui_adapter.serving")  # one log for the whole built-in server
 
 RECV = 65536
 """Bytes asked of one ``recv``."""

@@ -15,7 +15,7 @@ node's own errors, by keyword in ``KEYWORD_ORDER``, then the others by name (``n
 jsonschema's first error there, which is all ``validation`` needs to word the refusal;
 neither an accepted nor a refused envelope reaches jsonschema. A schema that uses a keyword
 this module does not know is not compiled at all (``Unsupported``): jsonschema then checks
-every envelope, as before. A test proves the two agree, verdict and wording, on every
+every envelope. A test proves the two agree, verdict and wording, on every
 envelope of the suite and on generated ones (``tests/unit/test_fastschema.py``).
 
 Sans-I/O: pure functions over parsed JSON.

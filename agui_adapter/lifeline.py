@@ -27,6 +27,10 @@ with ``python -I`` (standard library only, nothing of the package is imported)::
 * On Linux the kernel additionally gets ``PR_SET_PDEATHSIG`` = SIGTERM (set by the
   single-threaded supervisor, so the thread caveat does not apply), in case the supervisor
   itself is SIGKILLed on its own.
+* Between fork and exec the kernel child still runs the supervisor's code, and with it the
+  supervisor's SIGTERM/SIGINT/SIGHUP handlers, which only take note: a stop signal arriving
+  in that window (the parent-death signal included) would be swallowed and the kernel would
+  exec and run on. So the child first restores the default action of those signals.
 
 Limits: a descendant of the kernel that leaves the process group on purpose (``setsid``,
 ``setpgid``: a daemon) is not followed. The straggler sweep (SIGKILL to members of the group
@@ -52,24 +56,31 @@ PR_SET_PDEATHSIG = 1
 _LINUX = sys.platform.startswith("linux")
 
 
-def _parent_death_signal(parent: int) -> Callable[[], None] | None:
-    """A preexec function giving the kernel SIGTERM when the supervisor dies (Linux only).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    libc is loaded here, before the fork; the child only calls ``prctl``.
+
+def _parent_death_signal(parent: int) -> Callable[[], None]:
+    """The kernel child's preexec function: stop signals act again, and (Linux only) the
+    kernel gets SIGTERM when the supervisor dies.
+
+    libc is loaded here, before the fork; the child only calls ``signal`` and ``prctl``.
     """
-    if not _LINUX:
-        return None
-    try:
-        import ctypes
+    prctl = None
+    if _LINUX:
+        try:
+            import ctypes
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the supervisor died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
+        for signum in STOP_SIGNALS:  # the supervisor's handlers would swallow them until exec
+            signal.signal(signum, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # the supervisor died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
 
@@ -155,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, on_signal)
 
     kernel = subprocess.Popen(

@@ -2,7 +2,7 @@
 
 Why this module exists: the adapter keeps one small record per AG-UI thread (plus its two
 lock files) and, left alone, keeps them for ever (12,000 files after 4,000 threads). With
-``thread_retention_days`` set (default 0: off, keep everything, as before), a thread whose
+``thread_retention_days`` set (default 0: off, everything is kept), a thread whose
 files have not changed for that long is forgotten: ``<key>.json``, ``<key>.lock`` and
 ``<key>.run`` are deleted. A later request on that thread starts it afresh.
 

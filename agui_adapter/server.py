@@ -42,15 +42,22 @@ log = logging.getLogger("agui_adapter")
 
 
 #: ``agui_build_info{kernel}``: what ``KernelProcess.kind`` means to an operator.
-def build_app(settings: Settings, kernel: KernelProcess, *, tracing: Tracing | None = None) -> AguiApp:
+def build_app(
+    settings: Settings,
+    kernel: KernelProcess,
+    *,
+    tracing: Tracing | None = None,
+    clock: Callable[[], float] = time.time,
+) -> AguiApp:
     """The WSGI application for these settings, talking to ``kernel``; tracing as the
-    environment says (``tracing.from_environment``) unless given."""
+    environment says (``tracing.from_environment``) unless given; ``clock`` is the runs' wall
+    clock (interrupt expiry, timestamps), a fake one in tests."""
     client = KernelClient(kernel.url, kernel.token or None)
     store = ThreadStore(settings.resolved_state_dir())
     metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
     tracing = tracing if tracing is not None else from_environment()
     client.calls = KernelCalls(metrics, tracing)
-    engine = RunEngine(store, client, settings, metrics=metrics, tracing=tracing)
+    engine = RunEngine(store, client, settings, clock=clock, metrics=metrics, tracing=tracing)
     metrics.describe(__version__, kernel.health_kind, settings.max_runs)
     metrics.watch_state(
         lambda: state_gauges.pending_interrupts(store.threads_dir, time.time()),

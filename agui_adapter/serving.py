@@ -22,7 +22,7 @@ connection (timed reads and writes, ``wsgi.input``, the response writer) is
 ``connection.py``; this module is the server: the accept loop, the connections and their
 limits, a thread each, the WSGI environ and the application's run, and the shutdown API.
 
-Threading model, as before: an accept loop hands every connection to its own thread, which
+Threading model: an accept loop hands every connection to its own thread, which
 serves its requests in turn; an SSE stream holds its thread. Every chunk the application
 yields is written at once (``TCP_NODELAY``, no buffering), so heartbeats and deltas leave
 when they are produced, and a write that fails (the client went away) or cannot make

@@ -14,7 +14,8 @@ sent (``validation.cross_check``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,11 @@ def full_scale_kernel() -> Iterator[ScriptedKernel]:
 
 
 def _adapters(tmp_path: Path, kernel: ScriptedKernel) -> Iterator[Any]:
-    """A factory of in-process adapters on ``kernel``, settings overridable; stopped at the end."""
+    """A factory of in-process adapters on ``kernel``, settings overridable (and the runs' wall
+    clock, ``clock=``); stopped at the end."""
     started: list[InProcessAdapter] = []
 
-    def factory(**overrides: Any) -> InProcessAdapter:
+    def factory(clock: Callable[[], float] = time.time, **overrides: Any) -> InProcessAdapter:
         base = Settings(
             state_dir=str(tmp_path / "state"),
             heartbeat_seconds=15.0,
@@ -84,7 +86,7 @@ def _adapters(tmp_path: Path, kernel: ScriptedKernel) -> Iterator[Any]:
         )
         settings = replace(base, **overrides)
         STATE_DIRS.append(Path(settings.state_dir))
-        adapter = InProcessAdapter(settings, KernelProcess(kernel.url, KERNEL_TOKEN, "scripted"))
+        adapter = InProcessAdapter(settings, KernelProcess(kernel.url, KERNEL_TOKEN, "scripted"), clock)
         started.append(adapter)
         return adapter
 

@@ -29,7 +29,7 @@ import requests
 from agui_adapter import __version__
 from tests.support.agui_client import run_body
 from tests.support.agui_stream import check_stream, parse_sse
-from tests.support.flow import KERNEL_TOKEN
+from tests.support.flow import KERNEL_TOKEN, kernel_calls, wait_for
 from tests.support.ports import free_port
 from tests.support.servers import ROOT
 
@@ -125,9 +125,10 @@ def test_one_scrape_gives_the_totals_of_all_gunicorn_workers(tmp_path: Path, scr
         results: list[list[dict[str, Any]]] = []
         for _ in range(3):
             # a run held by one worker (1 s of kernel silence), and one started meanwhile
+            mark = len(kernel_calls(scripted_kernel, "SendStreamingMessage"))
             held = threading.Thread(target=_run, args=(url, run_body("[SILENT 20] hi", cwd=workspace), results))
             held.start()
-            time.sleep(0.3)
+            wait_for(lambda mark=mark: len(kernel_calls(scripted_kernel, "SendStreamingMessage")) > mark, 30)  # held
             _run(url, run_body("hello", cwd=workspace), results)
             held.join(30)
         assert len(results) == 6

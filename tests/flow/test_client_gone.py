@@ -24,7 +24,7 @@ from agui_adapter.connection import Connection
 from agui_adapter.kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import parse_sse
-from tests.support.flow import cancelled_tasks, wait_for
+from tests.support.flow import cancelled_tasks, detached_runs, wait_for
 from tests.support.servers import InProcessAdapter
 
 
@@ -102,9 +102,8 @@ def test_with_the_kernel_silent_the_thread_is_free_within_a_second_of_the_abort(
     client = adapter.client()
     body = run_body("[SILENT 40] think", cwd=str(workspace))
     stream = run_request(adapter, body)
-    task_id = stream.session()["taskId"]
-    time.sleep(0.5)  # the stream is waiting for the kernel, writing nothing
-    left = stream.leave()
+    task_id = stream.session()["taskId"]  # the kernel named its task, then falls silent:
+    left = stream.leave()  # the stream is waiting for the kernel, writing nothing
     wait_for(lambda: task_id in cancelled_tasks(full_scale_kernel), 5)
     cancelled = time.monotonic() - left
     # the thread is free: a new turn on another connection is admitted (not THREAD_BUSY)
@@ -177,7 +176,7 @@ def test_a_reader_that_hangs_up_is_noticed_and_the_last_one_out_cancels(
     wait_for(lambda: adapter.app.engine.journals.readers(body["threadId"], body["runId"]) == 2, 5)
     own.close()  # the run's own client leaves: the reader still follows the run
     wait_for(lambda: adapter.app.engine.journals.readers(body["threadId"], body["runId"]) == 1, 5)
-    time.sleep(0.6)
+    wait_for(lambda: detached_runs(adapter.url) == 1, 10)  # it went on without its client, not cancelled
     assert task_id not in cancelled_tasks(full_scale_kernel)
     busy = client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
     assert busy.error is not None and busy.error["code"] == "THREAD_BUSY"

@@ -10,6 +10,7 @@ from typing import Any
 import requests
 
 from tests.support.agui_client import Client, run_body
+from tests.support.flow import wait_for
 
 
 def test_health_is_cheap_and_describes_the_protocol(adapter: Any) -> None:
@@ -232,9 +233,7 @@ def test_secrets_stay_out_of_debug_logs(adapter_process: Any, workspace: Path) -
     assert bad.status == 400
     wrong = Client(process.url, "not-the-token").run(run_body(cwd=str(workspace)))
     assert wrong.status == 401
-    import time
-
-    time.sleep(0.3)
+    wait_for(lambda: b" 401 " in process.log, 10)  # the last request's access line: the log is complete
     for secret in ("sk-DEBUG-SECRET-1", "AKS-DEBUG-2", "STS-DEBUG-3", "bearer-SECRET-42", "not-the-token"):
         assert secret.encode() not in process.log, secret
     assert b"run " in process.log  # the log is really there

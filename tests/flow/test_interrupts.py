@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.support.agui_client import Client, resume, run_body, session_value
-from tests.support.flow import interrupted, kernel_calls
+from tests.support.flow import FakeClock, interrupted, kernel_calls
 
 PERMISSION_SCHEMA = {
     "type": "object",
@@ -153,11 +153,12 @@ def test_cancelled_question_cancels_the_execution(client: Client, workspace: Pat
 
 
 def test_expired_interrupt(make_adapter: Any, workspace: Path, scripted_kernel: Any) -> None:
-    adapter = make_adapter(interrupt_ttl_seconds=0.5)
+    clock = FakeClock()
+    adapter = make_adapter(interrupt_ttl_seconds=60, clock=clock)
     client = adapter.client()
     body, result = interrupted(client, workspace)
     [interrupt] = result.terminal["outcome"]["interrupts"]
-    time.sleep(1.2)
+    clock.advance(61)
     late = client.run(
         resume(body, [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}])
     )
@@ -172,9 +173,10 @@ def test_expired_interrupt(make_adapter: Any, workspace: Path, scripted_kernel: 
 
 
 def test_new_turn_after_expiry_is_allowed(make_adapter: Any, workspace: Path) -> None:
-    client = make_adapter(interrupt_ttl_seconds=0.3).client()
+    clock = FakeClock()
+    client = make_adapter(interrupt_ttl_seconds=60, clock=clock).client()
     body, _ = interrupted(client, workspace)
-    time.sleep(0.8)
+    clock.advance(61)
     assert client.run(run_body(thread_id=body["threadId"], cwd=str(workspace), ros="n")).status == 200
 
 

@@ -249,12 +249,40 @@ def test_stop_falls_back_to_killing_the_group(reaper: list[Watched]) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_a_kernel_whose_supervisor_is_killed_alone_gets_sigterm(reaper: list[Watched]) -> None:
-    proc = spawn_kernel([sys.executable, "-c", "import time; time.sleep(300)"], dict(os.environ))
+    marker = "time.sleep(300)  # kernel"
+    proc = spawn_kernel([sys.executable, "-c", f"import time; {marker}"], dict(os.environ))
     reaper.append(Watched(proc.pid))
     family = _family_of(proc, 1, reaper)
+    kernel = Watched(family[0].pid)  # the pid is found at fork: wait until it runs the kernel
+    deadline = time.monotonic() + 30
+    while marker not in cmdline(kernel.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker in cmdline(kernel.pid), family
     os.kill(proc.pid, signal.SIGKILL)  # the supervisor only, not the group
-    assert proc.wait(10) == -signal.SIGKILL
-    assert wait_gone(family, 5) == []
+    assert proc.wait(30) == -signal.SIGKILL
+    assert wait_gone(family, 30) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_stop_signal_between_fork_and_exec_still_stops_the_kernel() -> None:
+    """The kernel child runs the supervisor's signal handlers until it execs; a SIGTERM in that
+    window (here: the supervisor "died" before prctl, so the child signals itself) must not be
+    swallowed by them."""
+    script = (
+        "import signal, subprocess, sys\n"
+        "from agui_adapter.lifeline import _parent_death_signal\n"
+        "for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+        "    signal.signal(signum, lambda *_: None)  # what the supervisor installs\n"
+        "child = subprocess.Popen(['sleep', '120'], preexec_fn=_parent_death_signal(0))\n"
+        "try:\n"
+        "    print(child.wait(30))\n"
+        "finally:\n"
+        "    child.kill()\n"
+    )
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, timeout=90)
+    assert result.stdout.split() == [str(-signal.SIGTERM).encode()], result.stderr.decode(errors="replace")
 
 
 def test_stop_in_a_forked_child_leaves_the_parents_kernel_alone(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agui_adapter.a2a import KernelClient, KernelRejected, KernelUnavailable
+from tests.support.flow import wait_for
 
 TOKEN = "kernel-secret-token-xyz"
 
@@ -30,6 +31,11 @@ class Kernel(ThreadingHTTPServer):
         self.requests: list[dict[str, Any]] = []
         self.peers: list[int] = []
         self.release = threading.Event()
+        self.closed = 0  # connections this side has closed
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        self.closed += 1
 
     @property
     def url(self) -> str:
@@ -141,9 +147,9 @@ def test_an_unreachable_kernel_is_kernel_unavailable_without_the_token() -> None
 def test_a_connection_the_kernel_closed_is_not_reused(kernel: Kernel) -> None:
     kernel.mode = "drop"  # the kernel closes its side once the response is over (an idle timeout)
     client = KernelClient(kernel.url, TOKEN)
-    for _ in range(2):
+    for n in range(2):
         assert b"".join(client.send_streaming_message({"messageId": "m"}).chunks()).count(b"data: ") == 3
-        time.sleep(0.2)
+        wait_for(lambda n=n: kernel.closed > n, 10)  # the kernel closed that connection
     assert len(kernel.requests) == 2 and kernel.peers[0] != kernel.peers[1]
 
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.support.agui_client import Client, LiveStream, joined, resume, run_body
-from tests.support.flow import cancelled_tasks, wait_for
+from tests.support.flow import cancelled_tasks, detached_runs, wait_for
 
 
 def ids_of(kind: str, pairs: list[tuple[int, dict[str, Any]]]) -> list[int]:
@@ -134,7 +134,7 @@ def test_a_detached_run_goes_on_holds_its_thread_and_ends_as_if_watched(
     first.close()
     busy = client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace)))
     assert busy.error["code"] == "THREAD_BUSY"  # a detached run still holds its thread
-    time.sleep(2.5)  # the run ends while nobody watches
+    wait_for(lambda: adapter.app.engine.live_runs() == 0, 30)  # the run ends while nobody watches
     rest = client.events(body["threadId"], body["runId"], seen[-1][0]).rest()
     events = joined(seen, rest)
     assert events[-1]["type"] == "RUN_FINISHED" and len(events) > len(seen)
@@ -167,16 +167,16 @@ def test_nobody_reattaching_within_the_grace_period_cancels_the_kernel_task(
 def test_a_reattach_within_the_grace_period_keeps_the_run_alive(
     make_adapter: Any, scripted_kernel: Any, workspace: Path
 ) -> None:
-    adapter = make_adapter(disconnect_grace_seconds=1, heartbeat_seconds=0.3)
+    adapter = make_adapter(disconnect_grace_seconds=2, heartbeat_seconds=0.3)
     client = adapter.client()
-    body = run_body("[SILENT 60] [SLOW] wait", cwd=str(workspace))  # 3 s of silence, then the reply
+    body = run_body("[SILENT 100] [SLOW] wait", cwd=str(workspace))  # 5 s of silence, then the reply
     first = LiveStream(client, body)
     task_id = first.session()["taskId"]
     seen = first.read_events(1)
     first.close()
-    time.sleep(0.5)
+    wait_for(lambda: detached_runs(adapter.url) == 1, 10)  # the run goes on detached: the grace period runs
     again = client.events(body["threadId"], body["runId"], seen[-1][0])
-    events = joined(seen, again.rest())  # 2.5 s more than the grace period, still watched
+    events = joined(seen, again.rest())  # 3 s more than the grace period, still watched
     assert events[-1]["type"] == "RUN_FINISHED"
     assert task_id not in cancelled_tasks(scripted_kernel)
 
@@ -282,7 +282,7 @@ def test_the_cancel_extension_stops_a_detached_run(make_adapter: Any, workspace:
     session = first.session()
     seen = first.read_events(1)
     first.close()
-    time.sleep(0.3)
+    wait_for(lambda: detached_runs(adapter.url) == 1, 10)
     cancelled = client.cancel(session["executionId"], {"threadId": body["threadId"], "rosInvocationId": "inv-1"})
     assert cancelled.json()["status"] == "cancelled"
     events = joined(seen, client.events(body["threadId"], body["runId"], seen[-1][0]).rest())

@@ -22,6 +22,7 @@ from agui_adapter.interrupts import rfc3339
 from agui_adapter.record import PendingInterrupt
 from agui_adapter.retention import DAY_SECONDS, RetentionJob, prune, start_retention
 from agui_adapter.store import Execution, ThreadRecord, ThreadStore, thread_key
+from tests.support.flow import wait_for
 
 NOW = 1_800_000_000.0  # a fixed "now" (2027-01-15)
 RETAIN = 30 * DAY_SECONDS
@@ -193,6 +194,21 @@ def test_an_empty_or_missing_directory_is_fine(tmp_path: Path) -> None:
 # --- locks and deletion -------------------------------------------------------------------------
 
 
+def _flock_waited_on(inode: int) -> bool:
+    """Whether some process is blocked waiting for a flock on ``inode`` (Linux ``/proc/locks``;
+    True where there is no way to look)."""
+    locks = Path("/proc/locks")
+    if not locks.exists():
+        return True
+    for line in locks.read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and "FLOCK" in fields:
+            device_inode = fields[fields.index("FLOCK") + 4]
+            if int(device_inode.rsplit(":", 1)[1]) == inode:
+                return True
+    return False
+
+
 def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -> None:
     """The inode check: a waiter that opened the lock file before it was unlinked retries."""
     make_thread(store, "raced", age_days=0)
@@ -222,10 +238,10 @@ def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
-    assert opened.wait(10)  # it opened the old file and now waits for the flock
-    time.sleep(0.1)
-    assert not inside.is_set()
+    assert opened.wait(10)  # it opened the old file ...
     old_inode = os.fstat(pruner_fd).st_ino
+    wait_for(lambda: _flock_waited_on(old_inode), 10)  # ... and now waits for the flock
+    assert not inside.is_set()
     os.unlink(path)  # delete while holding, as remove_if does ...
     os.close(pruner_fd)  # ... then let go
     assert inside.wait(10)
@@ -297,11 +313,12 @@ def test_mutual_exclusion_holds_while_threads_are_pruned(tmp_path: Path) -> None
     threads = [threading.Thread(target=worker, args=(s,)) for s in stores] + [threading.Thread(target=pruner)]
     for thread in threads:
         thread.start()
-    time.sleep(1.5)
-    stop.set()
-    for thread in threads:
-        thread.join(10)
-    assert rounds[0] > 10  # the thread really was deleted again and again meanwhile
+    try:
+        wait_for(lambda: rounds[0] > 10, 60)  # the thread really was deleted again and again meanwhile
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
     assert overlaps[0] == 0
 
 

@@ -166,7 +166,7 @@ def test_a_restarted_kernel_continues_the_session_and_recalls_earlier_turns(
     other = second.frames("[RECALL]", "ctx-new", {"cwd": str(workspace)})
     assert session_of(other) != session_id
     assert final_text(other) == "This context has seen 1 user turns."
-    # The workspace binding survives too: another cwd for the old context fails as before the restart.
+    # The workspace binding survives too: after the restart, another cwd for the old context fails.
     moved = second.frames("hello", "ctx-persist", {"cwd": str(tmpdir)})
     assert moved[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_FAILED"
     second.stop(signal.SIGINT)

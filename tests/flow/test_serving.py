@@ -31,6 +31,28 @@ from agui_adapter.serving import ServerLimits, WSGIServer
 # ---------------------------------------------------------------------- a raw HTTP client
 
 
+def _tcp_queues(local_port: int, remote_port: int) -> tuple[int, int] | None:
+    """(send queue, receive queue) in bytes of the loopback TCP socket between these ports
+    (Linux ``/proc/net/tcp``), or None when there is none."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, queues = fields[1], fields[2], fields[4]
+        if int(local.split(":")[1], 16) == local_port and int(remote.split(":")[1], 16) == remote_port:
+            tx, rx = queues.split(":")
+            return int(tx, 16), int(rx, 16)
+    return None
+
+
+def _backed_up(server_port: int, client_port: int) -> bool:
+    """Whether the server has bytes the client has not taken while the client's receive queue
+    holds bytes it does not read: a writer on that connection is stuck (Linux ``/proc``)."""
+    if not Path("/proc/net/tcp").exists():
+        return True  # no way to look: the cancel below is tested all the same
+    server_side = _tcp_queues(server_port, client_port)
+    client_side = _tcp_queues(client_port, server_port)
+    return bool(server_side and client_side and server_side[0] > 0 and client_side[1] > 0)
+
+
 class Conn:
     """One client connection: write raw requests, read responses one at a time."""
 
@@ -741,7 +763,9 @@ def test_cancel_frees_the_thread_of_a_client_that_stopped_reading_at_once(
     session = data.split(b"iac-code.session.v1")[1]
     task_id = session.split(b'"taskId":"')[1].split(b'"')[0].decode()
     execution_id = session.split(b'"executionId":"')[1].split(b'"')[0].decode()
-    time.sleep(0.5)  # the client reads nothing more: the writer blocks on a full socket
+    # the client reads nothing more: data backs up on both sides and the writer blocks on a full socket
+    client_port = conn.sock.getsockname()[1]
+    assert wait_for(lambda: _backed_up(server.server_port, client_port), 30)
     thread_id = json.loads(body)["threadId"]
     cancel = Conn(server.server_port)
     cancel_body = json.dumps({"threadId": thread_id, "rosInvocationId": "inv-1"}).encode()

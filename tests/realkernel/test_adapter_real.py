@@ -26,8 +26,10 @@ from typing import Any
 
 import pytest
 
+from agui_adapter.interrupts import parse_rfc3339
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
 from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
+from tests.support.flow import wait_for
 from tests.support.images import tiny_png
 from tests.support.servers import AdapterProcess
 
@@ -285,7 +287,8 @@ def test_expired_interrupt(adapters: Adapters, real_kernel: RealKernel, ws: Path
     body, result = interrupted(client, ws, tag)
     [interrupt] = result.terminal["outcome"]["interrupts"]
     task_id = session_value(result)["taskId"]
-    time.sleep(1.3)
+    expires = parse_rfc3339(interrupt["expiresAt"])
+    wait_for(lambda: time.time() > expires, 30)  # the interrupt's own deadline, on the wall clock
     late = client.run(resume(body, allow(interrupt)))
     assert late.types() == ["RUN_STARTED", "RUN_ERROR"], late.types()
     assert late.terminal["code"] == "EXECUTION_EXPIRED"

@@ -29,6 +29,7 @@ import pytest
 from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.fake_llm import FakeLLM
+from tests.support.flow import wait_for
 from tests.support.servers import AdapterProcess
 
 from .harness import Adapters, RealKernel, get_task, journal, require_kernel_venv, thread_id, wait_task_state
@@ -181,7 +182,12 @@ def test_a_pipeline_left_mid_step_goes_on_detached_and_is_reattached_to_its_inte
     seen = pairs[: ids_of("STEP_STARTED", pairs)[-1] - pairs[0][0] + 1]  # left inside the step
     assert (seen[-1][1]["type"], seen[-1][1]["stepName"]) == ("STEP_STARTED", "architecture_planning")
     first.close()
-    time.sleep(1.0)  # the pipeline goes on, nobody attached
+
+    def planned() -> bool:
+        done = [e for e in journal(real_kernel, task_id) if e["eventType"] == "step_completed"]
+        return any((e.get("step") or {}).get("id") == "architecture_planning" for e in done)
+
+    wait_for(planned, 60)  # the pipeline goes on, nobody attached: the step it was left in completes
     again = Client(other.url).events(body["threadId"], body["runId"], seen[-1][0])
     rest = again.rest()
     events = joined(seen, rest)

@@ -20,7 +20,8 @@ from tests.support.agui_client import Client, RunResult, session_value
 from tests.support.fake_aliyun import FakeAliyun
 from tests.support.fake_llm import SSF_CANDIDATES, SSF_CONFIRM_WORDS, ssf_output_path
 
-from . import test_cloud_real as cloud
+from . import fake_cloud
+from .fake_cloud import assert_clean_delivery, calls_since, cloud_body, describe, resume_with
 from .harness import (
     RealKernel,
     journal,
@@ -29,12 +30,11 @@ from .harness import (
     pipeline_events,
     step_names,
 )
-from .test_cloud_real import assert_clean_delivery, calls_since, cloud_body, describe, resume_with
 
 # the fake cloud, the kernel that uses it and a fake secret per test: the same fixtures as test_cloud_real
-fake_aliyun = cloud.fake_aliyun
-real_kernel = cloud.real_kernel
-secret = cloud.secret
+fake_aliyun = fake_cloud.fake_aliyun
+real_kernel = fake_cloud.real_kernel
+secret = fake_cloud.secret
 
 SSF = "selling_solution_first"
 STEPS = ["solution_planning_and_selection", "materialize_selected_candidate", "deploying"]

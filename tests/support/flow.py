@@ -3,7 +3,9 @@
 ``KERNEL_TOKEN`` is the bearer token of the session's scripted kernel (the ``scripted_kernel``
 fixture); ``kernel_calls`` reads that kernel's request log (``cancelled_tasks``: the tasks it
 was asked to cancel); ``interrupted`` runs a turn that the scripted kernel ends with a
-permission interrupt (its ``[WRITE]`` script); ``wait_for`` polls a condition.
+permission interrupt (its ``[WRITE]`` script); ``detached_runs`` reads ``agui_runs_detached``
+(a run that went on without its client); ``wait_for`` polls a condition; ``FakeClock``
+is a wall clock a test moves forward (interrupt expiry without waiting).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import requests
 
 from tests.support.agui_client import Client, run_body
 
@@ -38,6 +42,15 @@ def cancelled_tasks(kernel: Any) -> set[str]:
     return {c["params"]["id"] for c in kernel_calls(kernel, "CancelTask")}
 
 
+def detached_runs(url: str, token: str | None = None) -> float:
+    """The ``agui_runs_detached`` gauge of the adapter at ``url``: runs going on without their
+    own client."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    text = requests.get(url + "metrics", headers=headers, timeout=10).text
+    [line] = [line for line in text.splitlines() if line.startswith("agui_runs_detached ")]
+    return float(line.split()[1])
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
     """Poll ``predicate`` until it gives something true (returned), or fail after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -47,3 +60,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
             return value
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+class FakeClock:
+    """A wall clock (``time.time`` stand-in) that starts now and moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

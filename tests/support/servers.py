@@ -1,9 +1,9 @@
 """The adapter under test, served on real loopback sockets.
 
-``InProcessAdapter`` serves the WSGI app under Werkzeug's threaded server in this process (so
-tests can swap settings cheaply); ``AdapterProcess`` runs ``python run.py`` as a child process,
-for restart, kill and real-kernel scenarios. ``wait_until_unreachable`` proves a process
-stopped.
+``InProcessAdapter`` serves the WSGI app under the built-in server (``agui_adapter.serving``,
+what ``python run.py`` uses) in this process (so tests can swap settings cheaply);
+``AdapterProcess`` runs ``python run.py`` as a child process, for restart, kill and
+real-kernel scenarios. ``wait_until_unreachable`` proves a process stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -30,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 class InProcessAdapter:
     """The adapter app served on a real loopback socket by the built-in threaded server."""
 
-    def __init__(self, settings: Settings, kernel: KernelProcess) -> None:
+    def __init__(self, settings: Settings, kernel: KernelProcess, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.kernel = kernel
-        self.app = build_app(settings, kernel)
+        self.app = build_app(settings, kernel, clock=clock)
         self.server = WSGIServer("127.0.0.1", 0, self.app, server_limits(settings))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
