@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from importlib import resources
 
 #: URL path -> file name in ``agui_adapter/console``.
 MODULES = {
@@ -26,6 +25,8 @@ CONTENT_TYPE = "text/javascript; charset=utf-8"
 @lru_cache(maxsize=len(MODULES))
 def module(path: str) -> tuple[bytes, str]:
     """The module served at ``path`` as shipped in the package, and its (strong) ETag."""
+    from importlib import resources  # on first use: most starts never serve a module
+
     body = resources.files("agui_adapter").joinpath("console", MODULES[path]).read_bytes()
     return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 

@@ -21,7 +21,6 @@ the last decode in progress ends the heaps are trimmed (``malloc_trim``).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import threading
 import time
@@ -63,9 +62,8 @@ MMAP_THRESHOLD = 1024 * 1024
 def _glibc_function(name: str, argtypes: list[Any]) -> Any:
     """A function of glibc, or None on any other C library (musl, macOS: nothing to tune)."""
     try:
-        path = ctypes.util.find_library("c")
-        libc = ctypes.CDLL(path) if path else None
-        function = getattr(libc, name, None) if libc is not None else None
+        libc = ctypes.CDLL(None)  # the process's own symbols, the C library's among them
+        function = getattr(libc, name, None)
     except OSError:
         return None
     if function is None or not hasattr(libc, "gnu_get_libc_version"):
