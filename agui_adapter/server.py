@@ -18,7 +18,7 @@ from typing import Any
 
 from . import __version__, logs
 from .a2a import KernelClient
-from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
+from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ON_SHUTDOWN_CHOICES, ConfigError, Settings, load_settings
 from .kernels import KernelProcess, KernelStartError, start_kernel
 from .metrics import Metrics
 from .retention import start_retention
@@ -106,6 +106,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--replay-buffer-bytes", dest="replay_buffer_bytes", help="bytes of a run's events kept for replay (4 MiB)"
     )
+    parser.add_argument(
+        "--on-shutdown",
+        dest="on_shutdown",
+        choices=ON_SHUTDOWN_CHOICES,
+        help="runs still open after the shutdown grace: handover (default with --a2a-url) or cancel",
+    )
     return parser.parse_args(argv)
 
 
@@ -136,9 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         """No new connections; open runs get the grace period, then a final event; then stop."""
         try:
             server.stop_accepting()
-            ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds)
+            hand_over = settings.on_shutdown_mode() == "handover" and kernel.process is None  # it outlives us
+            ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds, hand_over=hand_over)
             if ended:
-                log.info("ended %d open run(s) at shutdown", ended)
+                log.info("%s %d open run(s) at shutdown", "handed over" if hand_over else "ended", ended)
             server.wait_idle(2.0)
             server.shutdown()
         finally:

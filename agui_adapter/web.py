@@ -510,7 +510,9 @@ class AguiApp:
                 digest = request_digest(run_input.raw)
                 reader = self.engine.reattach(run_input.thread_id, run_input.run_id, after, digest)
                 if reader is not None:
-                    return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
+                    gone = environ.get(CLIENT_GONE_KEY)
+                    thread_id, run_id = run_input.thread_id, run_input.run_id
+                    return self._replay(start_response, reader, language, gone, thread_id, run_id)
             admission = self.engine.admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
@@ -556,7 +558,7 @@ class AguiApp:
                 start_response("200 OK", list(SSE_HEADERS))
             return []
         self.engine.attach_reader(thread_id, run_id, reader)
-        return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
+        return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY), thread_id, run_id)
 
     def _replay(
         self,
@@ -564,6 +566,8 @@ class AguiApp:
         reader: JournalReader | None,
         language: str,
         client_gone: Callable[[], bool] | None = None,
+        thread_id: str = "",
+        run_id: str = "",
     ) -> Iterable[bytes]:
         assert reader is not None
         message = translate(language, msg.RUN_PROCESS_GONE)
@@ -574,7 +578,11 @@ class AguiApp:
             return ev.encode_many([*closing, ev.run_error(ts, Code.EXECUTION_LOST, message)], next_id)
 
         heartbeat = self.engine.settings.heartbeat_seconds
-        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client_gone=client_gone)
+
+        def adopt() -> bool:  # the run's process died while this reader followed it (``adoption``)
+            return bool(thread_id) and self.engine.adoption.run(thread_id, run_id)
+
+        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client_gone=client_gone, adopt=adopt)
         body = Replay(reader, chunks)
         try:
             start_response("200 OK", list(SSE_HEADERS))

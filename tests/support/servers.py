@@ -75,8 +75,8 @@ class AdapterProcess:
             match = re.search(rb"listening on (http://\S+/)", line)
             if match:
                 self.url = match.group(1).decode()
+                self.log = b"".join(lines)  # before the drain thread appends to it
                 threading.Thread(target=self._drain, daemon=True).start()
-                self.log = b"".join(lines)
                 return self
         self.stop()
         raise RuntimeError("adapter did not start:\n" + b"".join(lines).decode(errors="replace"))
