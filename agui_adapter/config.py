@@ -203,7 +203,7 @@ def _coerce(name: str, value: Any) -> Any:
     if name == "cors_origins":
         return _cors_origins(value)
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
-    if name == "on_shutdown" and text not in ON_SHUTDOWN_CHOICES:
+    if name == "on_shutdown" and text not in ("", *ON_SHUTDOWN_CHOICES):  # "": chosen by the kernel
         raise ConfigError(f"on_shutdown must be one of {', '.join(ON_SHUTDOWN_CHOICES)}, got {text!r}.")
     if name == "kernel" and text not in KERNEL_CHOICES:
         raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")

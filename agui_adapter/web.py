@@ -465,6 +465,7 @@ class AguiApp:
                 "protocolVersion": PROTOCOL_VERSION,
                 "reattach": True,
                 "readers": "many",
+                "adoption": True,  # a run whose adapter process went is taken over by the next
                 "disconnectGraceSeconds": self.engine.settings.disconnect_grace_seconds,
                 "replayRetentionSeconds": self.engine.settings.replay_retention_seconds,
             },

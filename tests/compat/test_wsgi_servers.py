@@ -55,13 +55,13 @@ APP = "agui_adapter.wsgi:application"
 SERVERS = ("werkzeug", "gunicorn", "waitress")
 
 
-def _command(kind: str, port: int, workers: int = 1) -> list[str]:
+def _command(kind: str, port: int, workers: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
     if kind == "werkzeug":
         return [sys.executable, str(ROOT / "run.py"), "--port", "0"]
     if kind == "gunicorn":
         return [
             sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "8", "-w", str(workers),
-            "--graceful-timeout", "5", "-b", f"127.0.0.1:{port}", APP,
+            "--graceful-timeout", "5", *extra, "-b", f"127.0.0.1:{port}", APP,
         ]  # fmt: skip
     return [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", "--threads=8", APP]
 
@@ -118,7 +118,12 @@ def server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterato
 
 
 def _serve(
-    kind: str, tmp_path_factory: Any, scripted_kernel: Any, workers: int = 1, extra_env: dict[str, str] | None = None
+    kind: str,
+    tmp_path_factory: Any,
+    scripted_kernel: Any,
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Server:
     """``kind`` serving the adapter on a fresh state directory, ready (``workers``: gunicorn's ``-w``)."""
     if kind != "werkzeug" and importlib.util.find_spec(kind) is None:
@@ -146,7 +151,7 @@ def _serve(
     log_path = base / "server.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            _command(kind, port, workers), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+            _command(kind, port, workers, extra_args), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
         )
     srv = Server(kind, proc, log_path, base / "ws", "" if kind == "werkzeug" else f"http://127.0.0.1:{port}/")
     try:
