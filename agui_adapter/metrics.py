@@ -59,6 +59,7 @@ FIRST_EVENT = (
 RUN_DURATION = ("agui_run_duration_seconds", "Seconds from a run's admission to its end.")
 DISCONNECTS = ("agui_sse_clients_disconnected_total", "SSE clients that went away before their run ended.")
 REATTACHES = ("agui_reattaches_total", "Streams of a run opened again with Last-Event-ID or GET .../events.")
+ADOPTIONS = ("agui_runs_adopted_total", "Runs taken over from an adapter process that died or handed them over.")
 
 
 # ====================================================================== the built-in registry
@@ -300,6 +301,7 @@ class Metrics:
         self._duration = make("histogram", *RUN_DURATION, buckets=DURATION_BUCKETS)
         self._disconnects = make("counter", *DISCONNECTS)
         self._reattaches = make("counter", *REATTACHES)
+        self._adoptions = make("counter", *ADOPTIONS)
         self._outcomes = {outcome: self._runs.labels(outcome) for outcome in OUTCOMES}  # all four exist at 0
 
     @classmethod
@@ -360,6 +362,9 @@ class Metrics:
 
     def reattached(self) -> None:
         self._reattaches.inc()
+
+    def adopted(self) -> None:
+        self._adoptions.inc()
 
     def http_request(self, route: str, status: str) -> None:
         self._http.labels(route, status).inc()

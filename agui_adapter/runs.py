@@ -229,6 +229,7 @@ class RunEngine:
         with self._live_lock:
             self._live.add(driver)
         self.metrics.run_opened()
+        self.metrics.adopted()
 
     def _lock_after_leaving_run(self, thread_id: str) -> RunLock | None:
         """The thread's run lock, when the run holding it here is one whose client just hung

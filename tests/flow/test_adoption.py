@@ -75,6 +75,7 @@ def test_kill_9_mid_message_then_a_new_process_adopts_the_run_on_reattach(
     assert [e["type"] for e in events].count("TEXT_MESSAGE_START") == 1
     assert task_id not in cancelled_tasks(kernel)
     assert b"adopted after event" in b.log, b.log.decode()
+    assert "agui_runs_adopted_total 1" in requests.get(b.url + "metrics", timeout=10).text
     assert latency < 5, latency
     print(f"adoption: first event {latency:.3f} s after the new process was ready")
 

@@ -81,6 +81,17 @@ def test_kill_9_in_a_slow_streaming_turn_then_a_new_process_adopts_it(
     assert final == SLOW_TEXT
     assert get_task(real_kernel, task_id)["status"]["state"] != "TASK_STATE_CANCELED"
     print(f"\nreal kernel, {route}: first event {latency:.3f} s after the new process was ready")
+    official(events)
+
+
+def official(events: list[dict[str, Any]]) -> None:
+    """The official @ag-ui/client's verdict on the joined run: 0 errors."""
+    from agui_adapter.events import encode_many
+    from tests.support.agui_check.official import check_streams, require_official_client
+
+    require_official_client()
+    verdict = check_streams([encode_many(events, 1)])
+    assert verdict.ok, verdict.output
 
 
 def test_kill_9_inside_a_tool_call_then_the_adopter_commits_its_permission(
@@ -152,6 +163,7 @@ def test_sigterm_hands_a_slow_turn_over_to_the_next_process(
     events = joined(seen, come_back("get", b.url, body, seen[-1][0]).rest())
     assert events[-1]["type"] == "RUN_FINISHED" and text_of(events) == SLOW_TEXT
     assert get_task(real_kernel, task_id)["status"]["state"] != "TASK_STATE_CANCELED"
+    official(events)
 
 
 def test_kill_9_in_the_middle_of_a_pipeline_step(
@@ -183,6 +195,7 @@ def test_kill_9_in_the_middle_of_a_pipeline_step(
     assert len(delivered) == len(set(delivered))
     wanted = {e["eventId"] for e in journal(real_kernel, task_id) if e["eventType"] in CUSTOM_EVENT_TYPES}
     assert set(delivered) == wanted
+    official(events)
     props = body["forwardedProps"]["iacCode"]
     answer = run_body(
         None,
