@@ -219,3 +219,35 @@ def test_a_kernel_that_no_longer_has_the_task_ends_the_run_execution_lost(
         assert after.terminal["type"] == "RUN_FINISHED", after.terminal
     finally:
         forgetful.stop()
+
+
+def test_kill_9_in_the_middle_of_a_pipeline_step(adapter_process: Any, kernel: ScriptedKernel, workspace: Path) -> None:
+    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
+    from tests.support.kernel_rpc import journal
+
+    a = start(adapter_process, kernel)
+    body = run_body(
+        "[PIPE-SLOW] [PIPE-CANDIDATES] a small website", cwd=str(workspace), runMode="pipeline", pipelineName="selling"
+    )
+    first = LiveStream(Client(a.url), body)
+    task_id = first.session()["taskId"]
+    first.read_until(b'"stepName":"architecture_planning"')
+    seen = first.read_events(1)
+    a.kill()
+    time.sleep(0.5)  # the pipeline goes on with no adapter alive
+    b = start(adapter_process, kernel)
+    events = joined(seen, reattach(Client(b.url), body, seen[-1][0], "get").rest())
+    terminal = events[-1]
+    assert terminal["type"] == "RUN_FINISHED" and terminal["outcome"]["type"] == "interrupt", terminal
+    [selection] = terminal["outcome"]["interrupts"]
+    assert selection["metadata"]["kind"] == "candidate_selection"
+    delivered = [e["value"]["eventId"] for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.pipeline.v1"]
+    assert len(delivered) == len(set(delivered)), "a pipeline event was delivered twice"
+    wanted = {e["eventId"] for e in journal(kernel, task_id) if e["eventType"] in CUSTOM_EVENT_TYPES}
+    assert set(delivered) == wanted
+    text = text_of(events)
+    for step in ("intent_parsing", "architecture_planning", "evaluate_candidates"):
+        assert text.count(f"Working on {step}.") <= 1, text
+    picked = {"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": "1"}}
+    done = Client(b.url).run(resume(body, [picked], runMode="pipeline", pipelineName="selling"))
+    assert done.terminal["type"] == "RUN_FINISHED", done.terminal
