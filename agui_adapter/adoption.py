@@ -204,6 +204,30 @@ class Adoption:
             return "concluded"
         if not isinstance(thread_id, str) or not isinstance(run_id, str):
             return self._conclude(writer, events, last, language, "no run.json")
+        # the thread first (the dead process's lock went with it): a new turn racing this
+        # adoption either finds the thread held, or holds it and the run cannot go on
+        run_lock = engine.store.try_lock_run(thread_id)
+        if run_lock is None:
+            return self._conclude(writer, events, last, language, "another run holds its thread")
+        try:
+            return self._adopt_locked(directory, writer, events, last, meta, thread_id, run_id, language, run_lock)
+        except BaseException:
+            run_lock.release()
+            raise
+
+    def _adopt_locked(
+        self,
+        directory: Path,
+        writer: JournalWriter,
+        events: list[dict[str, Any]],
+        last: int,
+        meta: dict[str, Any],
+        thread_id: str,
+        run_id: str,
+        language: str,
+        run_lock: Any,
+    ) -> str:
+        engine = self.engine
         session = next(
             (e.get("value") for e in events if e.get("type") == "CUSTOM" and e.get("name") == SESSION_EVENT), None
         )
@@ -211,6 +235,7 @@ class Adoption:
         try:
             record = engine.store.load(thread_id)
         except StoreError as exc:
+            run_lock.release()
             writer.close()
             log.warning("run %s: cannot adopt it, state unavailable: %s", run_id, exc)
             return "gone"
@@ -221,13 +246,10 @@ class Adoption:
             or mode is Mode.GUIDANCE
             or not isinstance(session, dict)
             or session.get("executionId") != execution.execution_id
-            or execution.terminal
             or not execution.task_id
-        ):
+        ):  # a retired execution is still followed: the kernel's last state says how its run ended
+            run_lock.release()
             return self._conclude(writer, events, last, language, "its execution is over or unknown")
-        run_lock = engine.store.try_lock_run(thread_id)
-        if run_lock is None:
-            return self._conclude(writer, events, last, language, "another run holds its thread")
         if not engine.take_run_slot():
             run_lock.release()
             writer.close()
@@ -258,7 +280,6 @@ class Adoption:
             )
             driver = AdoptedDriver(engine, admission, machine, writer, last)
         except BaseException:
-            run_lock.release()
             engine.give_run_slot()
             raise
         engine.register_adopted(driver)
