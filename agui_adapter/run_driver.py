@@ -23,6 +23,12 @@ the run, ``close()`` does not end the run: it goes on, on a thread of its own, i
 journal, until it ends or nobody has been attached for the grace period (counted from the
 last reader leaving; the machine's ``abandoned``).
 
+At shutdown with ``--on-shutdown handover`` (``shut_down(hand_over=True)``), a run that did not
+end in the shutdown grace is left running in the kernel: its stream stops without a terminal
+event, its thread is given back and its journal is let go, marked handed over, for the next
+process to adopt (``adoption``, whose ``AdoptedDriver`` is this driver without a client of its
+own, going on in the journal after its last id).
+
 A client that hangs up is noticed while the run waits for its next event, not only when a
 write fails: when the server offers it (the built-in server's ``agui.client_gone``), the
 stream asks on every idle tick whether its client is still there, and ends as on a

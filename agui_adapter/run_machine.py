@@ -42,6 +42,12 @@ The order rules of the contract live here, and only here:
    in the same write, the execution and its pending interrupts are retired and a lost
    session forgotten, so the next run on the thread starts cleanly. A task left running
    by a run whose adapter died (``stale_task_id``) is stopped before a new turn starts.
+
+An *adopted* run (``adopted_events``: a run another process began and died in, ``adoption``)
+starts from its journal's events instead of RUN_STARTED: the translator takes up the ids, spans
+and text they hold, the machine follows the kernel task again (``Follow``), and the task's
+snapshot, its first frame, gives back the text produced while nobody followed
+(``RunTranslator.reconcile``); a kernel that no longer has the task ends it ``EXECUTION_LOST``.
 """
 
 from __future__ import annotations

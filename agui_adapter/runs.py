@@ -13,6 +13,11 @@ is given back when the run's body is closed. The count is per process.
 A new run on a thread held by a run of this process whose client has just hung up (a Stop,
 then the next message at once) waits a moment for that run to end and give the thread back,
 instead of being refused ``THREAD_BUSY`` (``_lock_after_leaving_run``).
+
+A new turn on a thread whose last run died with its process (its execution still live, no run
+holding the thread) first has that run adopted (``adoption``): it holds the thread again and the
+turn is ``THREAD_BUSY``, unless it ends at once (its task is gone). A reattach adopts the run it
+names when its process is gone.
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             server.stop_accepting()
             hand_over = settings.on_shutdown_mode() == "handover" and kernel.process is None  # it outlives us
+            if settings.on_shutdown == "handover" and not hand_over:
+                log.info("on_shutdown handover: the kernel stops with the adapter, so open runs are ended")
             ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds, hand_over=hand_over)
             if ended:
                 log.info("%s %d open run(s) at shutdown", "handed over" if hand_over else "ended", ended)

@@ -251,3 +251,30 @@ def test_kill_9_in_the_middle_of_a_pipeline_step(adapter_process: Any, kernel: S
     picked = {"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": "1"}}
     done = Client(b.url).run(resume(body, [picked], runMode="pipeline", pipelineName="selling"))
     assert done.terminal["type"] == "RUN_FINISHED", done.terminal
+
+
+def test_a_run_that_ended_while_no_adapter_was_alive_is_concluded_from_the_kernel(
+    adapter_process: Any, kernel: ScriptedKernel, workspace: Path
+) -> None:
+    a = start(adapter_process, kernel)
+    body = run_body("[SLOW] go", cwd=str(workspace))
+    first = LiveStream(Client(a.url), body)
+    task_id = first.session()["taskId"]
+    first.read_until(b" one,")
+    seen = first.read_events(1)
+    a.kill()
+    wait_for(lambda: kernel_state(kernel, task_id) == "TASK_STATE_INPUT_REQUIRED", 20)  # the turn ended meanwhile
+    b = start(adapter_process, kernel)
+    events = joined(seen, reattach(Client(b.url), body, seen[-1][0], "post").rest())
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    assert text_of(events) == SLOW_TEXT  # the rest of the message, from the kernel's history
+
+
+def kernel_state(kernel: ScriptedKernel, task_id: str) -> str:
+    answer = requests.post(
+        kernel.url,
+        json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}},
+        headers={"Authorization": f"Bearer {KERNEL_TOKEN}", "A2A-Version": "1.0"},
+        timeout=10,
+    ).json()
+    return str(answer["result"]["status"]["state"])

@@ -102,3 +102,19 @@ def test_a_journal_whose_writer_died_is_claimed_once_and_appended_after_its_last
     assert (last, ended) == (2, True)
     assert [e["type"] for e in events] == ["RUN_STARTED", "RUN_ERROR"]
     assert not orphaned(directory)
+
+
+def test_on_shutdown_is_handover_with_an_external_kernel_and_cancel_with_our_own() -> None:
+    from agui_adapter.config import ConfigError, load_settings
+
+    assert load_settings({}, env={}).on_shutdown_mode() == "cancel"
+    assert load_settings({"a2a_url": "http://127.0.0.1:1/"}, env={}).on_shutdown_mode() == "handover"
+    assert load_settings({}, env={"IAC_CODE_AGUI_ON_SHUTDOWN": "handover"}).on_shutdown_mode() == "handover"
+    external = {"a2a_url": "http://127.0.0.1:1/", "on_shutdown": "cancel"}
+    assert load_settings(external, env={}).on_shutdown_mode() == "cancel"
+    try:
+        load_settings({"on_shutdown": "later"}, env={})
+    except ConfigError as exc:
+        assert "on_shutdown" in str(exc)
+    else:
+        raise AssertionError("an unknown on_shutdown was accepted")
