@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,20 @@ def orphaned(directory: Path) -> bool:
     return not _ends_with_end(directory) and not writer_alive(directory)
 
 
+def _scan_forever(adoption_ref: weakref.ref[Adoption]) -> None:
+    """The scanner's loop; it ends with its engine (tests make many, each on its own directory)."""
+    while True:
+        adoption = adoption_ref()
+        if adoption is None:
+            return
+        try:
+            adoption.scan()
+        except Exception:  # noqa: BLE001 - the scanner must outlive one bad directory
+            log.exception("adoption scan failed")
+        del adoption
+        time.sleep(SCAN_SECONDS)
+
+
 class AdoptedDriver(RunDriver):
     """The driver of an adopted run: no client of its own, it goes on in its journal (after
     the last id the dead process wrote) on a thread of its own, like a detached run."""
@@ -124,16 +139,10 @@ class Adoption:
         with self._lock:
             if self._scanner is not None:
                 return
-            self._scanner = threading.Thread(target=self._scan_forever, name="adoption-scan", daemon=True)
+            self._scanner = threading.Thread(
+                target=_scan_forever, args=(weakref.ref(self),), name="adoption-scan", daemon=True
+            )
             self._scanner.start()
-
-    def _scan_forever(self) -> None:
-        while True:
-            try:
-                self.scan()
-            except Exception:  # noqa: BLE001 - the scanner must outlive one bad directory
-                log.exception("adoption scan failed")
-            time.sleep(SCAN_SECONDS)
 
     def scan(self) -> int:
         """Adopt every orphan of the journal directory; how many were adopted."""
