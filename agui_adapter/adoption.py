@@ -183,11 +183,12 @@ class Adoption:
             return False
         if not orphaned(directory):
             return writer_alive(directory)
-        return self.adopt(directory) in ("adopted", "alive")
+        return self.adopt(directory) in ("adopted", "alive", "later")
 
     # ------------------------------------------------------------------ taking over
     def adopt(self, directory: Path) -> str:
-        """``adopted``, ``alive`` (another process holds it), or ``concluded``/``gone``."""
+        """``adopted``, ``alive`` (another process holds it), ``later`` (the kernel does not
+        answer now: tried again at the next scan or reattach), or ``concluded``/``gone``."""
         writer = JournalWriter.claim(directory, self.engine.journals.buffer_bytes)
         if writer is None:
             return "alive" if writer_alive(directory) else "gone"
@@ -247,7 +248,7 @@ class Adoption:
             run_lock.release()
             writer.close()
             log.warning("run %s: cannot adopt it, state unavailable: %s", run_id, exc)
-            return "gone"
+            return "later"
         execution = record.execution if record is not None else None
         if (
             record is None
@@ -259,11 +260,16 @@ class Adoption:
         ):  # a retired execution is still followed: the kernel's last state says how its run ended
             run_lock.release()
             return self._conclude(writer, events, last, language, "its execution is over or unknown")
+        if not engine.kernel.health(timeout=2.0):  # a kernel down is not a kernel that lost the task
+            run_lock.release()
+            writer.close()
+            log.warning("run %s: not adopted now: the kernel does not answer", run_id)
+            return "later"
         if not engine.take_run_slot():
             run_lock.release()
             writer.close()
             log.warning("run %s: not adopted now: no run slot free", run_id)
-            return "gone"
+            return "later"
         try:
             from .runs import Admission  # a cycle at import time otherwise
 

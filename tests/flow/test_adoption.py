@@ -278,3 +278,31 @@ def kernel_state(kernel: ScriptedKernel, task_id: str) -> str:
         timeout=10,
     ).json()
     return str(answer["result"]["status"]["state"])
+
+
+def test_a_kernel_that_does_not_answer_is_waited_for_not_taken_for_one_that_lost_the_task(
+    adapter_process: Any, workspace: Path
+) -> None:
+    from urllib.parse import urlsplit
+
+    down = ScriptedKernel(KERNEL_TOKEN, delay_scale=0.3)
+    down.start()
+    port = urlsplit(down.url).port
+    assert port is not None
+    a = start(adapter_process, down)
+    body = run_body("[SLOW] go", cwd=str(workspace))
+    first = LiveStream(Client(a.url), body)
+    first.session()
+    seen = first.read_events(1)
+    a.kill()
+    down.stop()  # the kernel is down while the new process meets the run
+    b = start(adapter_process, down)
+    again = reattach(Client(b.url), body, seen[-1][0], "get")
+    wait_for(lambda: b"not adopted now: the kernel does not answer" in b.log, 15)
+    back = ScriptedKernel(KERNEL_TOKEN, delay_scale=0.3)  # back on the same port, without the task
+    back.start(port=port)
+    try:
+        events = joined(seen, again.rest())  # the reader waited, then the adopter found the task gone
+        assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "EXECUTION_LOST", events[-1]
+    finally:
+        back.stop()
