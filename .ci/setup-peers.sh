@@ -8,6 +8,7 @@
 #       latest @copilotkit/react-core, 1.74.0, uses) and the @ag-ui/client 0.0.59 they both depend on (tests/compat/test_copilotkit.py, marker copilotkit; the recipe
 #       examples/copilotkit/): $AGUI_COPILOTKIT_MODULES, default ~/.cache/agui-adapter/copilotkit/node_modules,
 #       a prefix of its own so that the @ag-ui/client 1.0.0 install above stays as it is
+#   * axe-core 4.10.2 (npm, same node prefix), injected into the console page by the browser suite
 #   * Chromium and its WebDriver from Debian's packages chromium + chromium-driver (tests/browser,
 #       marker browser): /usr/bin/chromium, /usr/bin/chromedriver; installed with apt-get (as root)
 #   * nginx and openssl from Debian's packages (tests/compat/test_deploy_nginx.py, marker nginx):
@@ -21,6 +22,7 @@ set -euo pipefail
 KERNEL_VERSION="0.16.0"
 A2A_SDK_VERSION="1.2.0"
 AGUI_CLIENT_VERSION="1.0.0"
+AXE_CORE_VERSION="4.10.2"
 PYTHON="${PYTHON:-python3}"
 VENV="${AGUI_IAC_CODE_VENV:-$HOME/.cache/agui-adapter/iac-code-${KERNEL_VERSION}}"
 NODE_MODULES="${AGUI_NODE_MODULES:-$HOME/.cache/agui-adapter/node/node_modules}"
@@ -70,7 +72,8 @@ node_package_version() {
 
 node_ok() {
   [ "$(node_package_version @ag-ui/client || true)" = "$AGUI_CLIENT_VERSION" ] &&
-    [ "$(node_package_version @ag-ui/core || true)" = "$AGUI_CLIENT_VERSION" ]
+    [ "$(node_package_version @ag-ui/core || true)" = "$AGUI_CLIENT_VERSION" ] &&
+    [ "$(node_package_version axe-core || true)" = "$AXE_CORE_VERSION" ]
 }
 
 setup_node() {
@@ -78,15 +81,15 @@ setup_node() {
   node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' ||
     die "node $(node --version) is too old (need >= 18 for fetch/ReadableStream)"
   if node_ok; then
-    log "node: @ag-ui/client@${AGUI_CLIENT_VERSION} + @ag-ui/core@${AGUI_CLIENT_VERSION} already in $NODE_MODULES (nothing to do)"
+    log "node: @ag-ui/client@${AGUI_CLIENT_VERSION} + @ag-ui/core@${AGUI_CLIENT_VERSION} + axe-core@${AXE_CORE_VERSION} already in $NODE_MODULES (nothing to do)"
     return
   fi
   command -v npm >/dev/null || die "npm not found (needed to install @ag-ui/client)"
   mkdir -p "$NODE_PREFIX"
-  log "node: npm install --prefix $NODE_PREFIX @ag-ui/client@${AGUI_CLIENT_VERSION} @ag-ui/core@${AGUI_CLIENT_VERSION}"
+  log "node: npm install --prefix $NODE_PREFIX @ag-ui/client@${AGUI_CLIENT_VERSION} @ag-ui/core@${AGUI_CLIENT_VERSION} axe-core@${AXE_CORE_VERSION}"
   npm install --prefix "$NODE_PREFIX" --no-audit --no-fund --save-exact --loglevel=error \
-    "@ag-ui/client@${AGUI_CLIENT_VERSION}" "@ag-ui/core@${AGUI_CLIENT_VERSION}"
-  node_ok || die "@ag-ui/client/@ag-ui/core ${AGUI_CLIENT_VERSION} still missing from $NODE_MODULES after npm install"
+    "@ag-ui/client@${AGUI_CLIENT_VERSION}" "@ag-ui/core@${AGUI_CLIENT_VERSION}" "axe-core@${AXE_CORE_VERSION}"
+  node_ok || die "@ag-ui/client/@ag-ui/core ${AGUI_CLIENT_VERSION} or axe-core ${AXE_CORE_VERSION} still missing from $NODE_MODULES after npm install"
   log "node: installed into $NODE_MODULES"
 }
 

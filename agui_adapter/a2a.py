@@ -6,7 +6,9 @@ One pooled ``requests.Session`` serves the unary calls. The streaming calls to a
 millisecond less per call than ``requests``, whose per-request machinery (hooks, adapters,
 urllib3's pool and response wrappers) is not needed for one POST and a stream of bytes;
 an ``https://`` kernel keeps ``requests`` (its certificate handling). Every request carries
-``A2A-Version: 1.0`` (without it the kernel assumes 0.3) and the kernel's bearer token.
+``A2A-Version: 1.0`` (without it the kernel assumes 0.3) and the kernel's bearer token, and
+goes through ``calls`` (``kernel_calls.KernelCalls``): the request id and the trace context
+as headers, its latency and failure kind to the metrics, one debug line.
 A streaming call the kernel rejects comes back as a plain JSON-RPC error, not SSE: the
 content type decides. ``KernelStream`` owns one blocking SSE response; ``close()`` may be
 called from another thread and unblocks a reader stuck in ``recv``.
@@ -29,6 +31,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from .http11 import ChunkedDecoder
+from .kernel_calls import PLAIN, Call, KernelCalls
 from .sse import SSEDecoder
 
 try:  # the optional "speedups" extra: about 25% more events/s on the kernel's frames
@@ -40,11 +43,19 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class KernelUnavailable(Exception):
-    """The kernel could not be reached, or answered with an HTTP error."""
+    """The kernel could not be reached, or answered with an HTTP error.
+
+    ``kind`` says how (``kernel_calls``): connection, timeout, http_status, bad_answer."""
+
+    def __init__(self, message: str, kind: str = "connection") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class KernelRejected(Exception):
     """The kernel answered with a JSON-RPC error object."""
+
+    kind = "rejected"
 
     def __init__(self, error: dict[str, Any]) -> None:
         self.error = error if isinstance(error, dict) else {}
@@ -348,6 +359,8 @@ class KernelClient:
         parts = urlsplit(self.url)
         self._streams: StreamConnections | None = None
         self._path = parts.path or "/"
+        #: What observes every call (metrics, tracing, debug lines); set by ``server.build_app``.
+        self.calls: KernelCalls = PLAIN
         if parts.scheme == "http" and parts.hostname:
             self._streams = StreamConnections(
                 parts.hostname,
@@ -367,85 +380,96 @@ class KernelClient:
             self._streams.close()
 
     # --- JSON-RPC -----------------------------------------------------------------
-    def _post(self, method: str, params: dict[str, Any], *, stream: bool, timeout: Any = None) -> requests.Response:
+    def _post(
+        self, method: str, params: dict[str, Any], call: Call, *, stream: bool, timeout: Any = None
+    ) -> requests.Response:
         body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
         try:
             response = self._session.post(
                 self.url,
                 data=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                headers=self._headers,
+                headers={**self._headers, **call.headers} if call.headers else self._headers,
                 stream=stream,
                 timeout=timeout or self._timeout,
             )
         except requests.RequestException as exc:
-            raise KernelUnavailable(f"{method}: {exc.__class__.__name__}") from exc
+            kind = "timeout" if isinstance(exc, requests.Timeout) else "connection"
+            raise KernelUnavailable(f"{method}: {exc.__class__.__name__}", kind) from exc
         if response.status_code >= 400:
             response.close()
-            raise KernelUnavailable(f"{method}: HTTP {response.status_code}")
+            raise KernelUnavailable(f"{method}: HTTP {response.status_code}", "http_status")
         return response
 
     def call(self, method: str, params: dict[str, Any], *, timeout: Any = None) -> Any:
         """A unary call; returns ``result`` or raises ``KernelRejected``."""
-        response = self._post(method, params, stream=False, timeout=timeout)
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise KernelUnavailable(f"{method}: the answer is not JSON") from exc
-        if not isinstance(body, dict):
-            raise KernelUnavailable(f"{method}: the answer is not a JSON object")
-        if "error" in body:
-            raise KernelRejected(body["error"])
-        return body.get("result")
+        with self.calls.call(method) as call:
+            response = self._post(method, params, call, stream=False, timeout=timeout)
+            try:
+                body = response.json()
+            except ValueError as exc:
+                raise KernelUnavailable(f"{method}: the answer is not JSON", "bad_answer") from exc
+            if not isinstance(body, dict):
+                raise KernelUnavailable(f"{method}: the answer is not a JSON object", "bad_answer")
+            if "error" in body:
+                raise KernelRejected(body["error"])
+            return body.get("result")
 
     def stream(self, method: str, params: dict[str, Any]) -> KernelStream:
         """A streaming call. A rejected request arrives as JSON: ``KernelRejected``."""
-        if self._streams is not None:
-            return self._connection_stream(self._streams, method, params)
-        response = self._post(method, params, stream=True)
-        content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if content_type != "text/event-stream":
-            try:
-                body = json.loads(response.content or b"null")
-            except ValueError as exc:
-                raise KernelUnavailable(f"{method}: unexpected {content_type or 'untyped'} answer") from exc
-            finally:
-                response.close()
-            if isinstance(body, dict) and "error" in body:
-                raise KernelRejected(body["error"])
-            raise KernelUnavailable(f"{method}: unexpected {content_type or 'untyped'} answer")
-        return KernelStream(response)
+        with self.calls.call(method) as call:
+            if self._streams is not None:
+                return self._connection_stream(self._streams, method, params, call)
+            response = self._post(method, params, call, stream=True)
+            content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if content_type != "text/event-stream":
+                unexpected = f"{method}: unexpected {content_type or 'untyped'} answer"
+                try:
+                    body = json.loads(response.content or b"null")
+                except ValueError as exc:
+                    raise KernelUnavailable(unexpected, "bad_answer") from exc
+                finally:
+                    response.close()
+                if isinstance(body, dict) and "error" in body:
+                    raise KernelRejected(body["error"])
+                raise KernelUnavailable(unexpected, "bad_answer")
+            return KernelStream(response)
 
-    def _connection_stream(self, pool: StreamConnections, method: str, params: dict[str, Any]) -> KernelStream:
+    def _connection_stream(
+        self, pool: StreamConnections, method: str, params: dict[str, Any], call: Call
+    ) -> KernelStream:
         """``stream`` over ``http.client`` on a pooled connection (an ``http://`` kernel)."""
         body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        headers = {**self._stream_headers, **call.headers} if call.headers else self._stream_headers
         connection: http.client.HTTPConnection | None = None
         try:
             connection, _ = pool.take()
             sock = connection.sock
-            connection.request("POST", self._path, body=data, headers=self._stream_headers)
+            connection.request("POST", self._path, body=data, headers=headers)
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             if connection is not None:
                 connection.close()
-            raise KernelUnavailable(f"{method}: {exc.__class__.__name__}") from exc
+            kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
+            raise KernelUnavailable(f"{method}: {exc.__class__.__name__}", kind) from exc
         if response.status >= 400:
             connection.close()
-            raise KernelUnavailable(f"{method}: HTTP {response.status}")
+            raise KernelUnavailable(f"{method}: HTTP {response.status}", "http_status")
         content_type = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
         if content_type != "text/event-stream":
+            unexpected = f"{method}: unexpected {content_type or 'untyped'} answer"
             try:
                 answer = json.loads(response.read() or b"null")
             except (ValueError, OSError, http.client.HTTPException) as exc:
                 connection.close()
-                raise KernelUnavailable(f"{method}: unexpected {content_type or 'untyped'} answer") from exc
+                raise KernelUnavailable(unexpected, "bad_answer") from exc
             if response.will_close:
                 connection.close()
             else:
                 pool.give_back(connection)
             if isinstance(answer, dict) and "error" in answer:
                 raise KernelRejected(answer["error"])
-            raise KernelUnavailable(f"{method}: unexpected {content_type or 'untyped'} answer")
+            raise KernelUnavailable(unexpected, "bad_answer")
         return ConnectionStream(response, connection, sock, pool)
 
     def send_streaming_message(self, message: dict[str, Any]) -> KernelStream:
@@ -483,13 +507,20 @@ class KernelClient:
 
     # --- plain HTTP routes -------------------------------------------------------
     def _extension(self, verb: str, path: str, *, timeout: float = 30.0, **kwargs: Any) -> requests.Response:
-        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
-        try:
-            return self._session.request(
-                verb, self.url + path, headers=headers, timeout=(self._timeout[0], timeout), **kwargs
-            )
-        except requests.RequestException as exc:
-            raise KernelUnavailable(f"{path}: {exc.__class__.__name__}") from exc
+        """A plain HTTP route of the kernel (its callers read the status; 5xx counts as failed)."""
+        with self.calls.call(path) as call:
+            headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+            headers.update(call.headers)
+            try:
+                response = self._session.request(
+                    verb, self.url + path, headers=headers, timeout=(self._timeout[0], timeout), **kwargs
+                )
+            except requests.RequestException as exc:
+                kind = "timeout" if isinstance(exc, requests.Timeout) else "connection"
+                raise KernelUnavailable(f"{path}: {exc.__class__.__name__}", kind) from exc
+            if response.status_code >= 500:
+                call.error = "http_status"
+            return response
 
     def health(self, timeout: float = 2.0) -> bool:
         try:
@@ -510,6 +541,16 @@ class KernelClient:
 
     def pipeline_state(self, params: dict[str, Any]) -> tuple[int, Any]:
         response = self._extension("GET", "iac-code/pipeline/state", params=params)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None
+
+    def session_recovery(self, context_id: str, execution_id: str) -> tuple[int, Any]:
+        """The kernel's recovery view of a context's current execution: its ``messages`` are
+        the session's conversation as the kernel keeps it (``GET /threads/{t}/messages``)."""
+        params = {"contextId": context_id, "executionId": execution_id}
+        response = self._extension("GET", "iac-code/session/recovery", params=params)
         try:
             return response.status_code, response.json()
         except ValueError:

@@ -51,6 +51,8 @@ class Settings:
     allowed_cwds: str = ""
     log_level: str = "info"
     log_format: str = "text"  # or "json": one JSON object per line (``logs.py``)
+    #: One line per request (``access_log.py``); ``--no-access-log`` turns it off.
+    access_log: bool = True
     interrupt_ttl_seconds: float = 86400.0
     allow_remote_kernel: bool = False
     kernel_ready_timeout: float = 30.0
@@ -69,6 +71,8 @@ class Settings:
     cors_origins: str = ""
     #: Runs (turns, resumes, guidance) one process streams at once; beyond: 503 SERVER_BUSY.
     max_runs: int = 256
+    #: Pixels of images decoded (to be shrunk) at once per process; beyond: a short wait, then 503.
+    image_decode_budget_pixels: int = 40_000_000
     # --- reattach (``journal``)
     #: How long a run's events stay replayable after it ended; 0 drops them at its end.
     replay_retention_seconds: float = 300.0
@@ -110,6 +114,7 @@ ENV_NAMES: dict[str, str] = {
     "allowed_cwds": "IAC_CODE_AGUI_ALLOWED_CWDS",
     "log_level": "IAC_CODE_AGUI_LOG_LEVEL",
     "log_format": "IAC_CODE_AGUI_LOG_FORMAT",
+    "access_log": "IAC_CODE_AGUI_ACCESS_LOG",
     "interrupt_ttl_seconds": "IAC_CODE_AGUI_INTERRUPT_TTL_SECONDS",
     "allow_remote_kernel": "IAC_CODE_AGUI_ALLOW_REMOTE_KERNEL",
     "thread_retention_days": "IAC_CODE_AGUI_THREAD_RETENTION_DAYS",
@@ -120,6 +125,7 @@ ENV_NAMES: dict[str, str] = {
     "shutdown_grace_seconds": "IAC_CODE_AGUI_SHUTDOWN_GRACE_SECONDS",
     "cors_origins": "IAC_CODE_AGUI_CORS_ORIGINS",
     "max_runs": "IAC_CODE_AGUI_MAX_RUNS",
+    "image_decode_budget_pixels": "IAC_CODE_AGUI_IMAGE_DECODE_BUDGET_PIXELS",
     "replay_retention_seconds": "IAC_CODE_AGUI_REPLAY_RETENTION_SECONDS",
     "replay_buffer_bytes": "IAC_CODE_AGUI_REPLAY_BUFFER_BYTES",
     "disconnect_grace_seconds": "IAC_CODE_AGUI_DISCONNECT_GRACE_SECONDS",
@@ -180,6 +186,8 @@ def _coerce(name: str, value: Any) -> Any:
         return _number(name, value, integer=False, minimum=0, exclusive=True)
     if name in _SECONDS_OR_ZERO:
         return _number(name, value, integer=False, minimum=0)
+    if name == "image_decode_budget_pixels":
+        return int(_number(name, value, integer=True, minimum=1))
     if name == "replay_buffer_bytes":
         return int(_number(name, value, integer=True, minimum=MIN_REPLAY_BUFFER_BYTES))
     if name == "thread_retention_days":
@@ -193,13 +201,15 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= days < float("inf"):
             raise ConfigError(f"thread_retention_days must be 0 (off) or a positive number, got {value!r}.")
         return days
-    if name == "allow_remote_kernel":
+    if name in ("allow_remote_kernel", "access_log"):
+        if isinstance(value, bool):
+            return value
         text = str(value).strip().lower()
         if text in ("1", "true", "yes", "on"):
             return True
         if text in ("0", "false", "no", "off", ""):
             return False
-        raise ConfigError(f"allow_remote_kernel must be true or false, got {value!r}.")
+        raise ConfigError(f"{name} must be true or false, got {value!r}.")
     if name == "cors_origins":
         return _cors_origins(value)
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)

@@ -14,6 +14,8 @@ descriptor, WebP VP8/VP8L/VP8X, JPEG SOF) and an image above :data:`MAX_IMAGE_PI
 refused. Images above the kernel's 5 MiB limit are shrunk
 with Pillow (the optional ``images`` extra) like upstream does; without Pillow they are
 refused with a message that says how to fix it. Smaller images pass through untouched.
+Shrinking is bounded in memory per image (resized strip by strip, :func:`_fit`) and for the
+whole process (``decode_budget``: a request may wait for its turn, or get 503).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import unicodedata
 from typing import Any
 
 from agui_adapter import messages
+from agui_adapter.decode_budget import DECODES
 from agui_adapter.errors import AguiError, Code
 
 __all__ = [
@@ -50,8 +54,11 @@ _MAX_SIDE = 2000
 _LAST_RESORT_SIDE = 1000
 _JPEG_QUALITIES = (80, 60, 40, 20)
 _MAX_SHOWN_MIME = 64
-#: The pixel budget of one image, checked on its header before any decoding: 40 Mpx
-#: (a large photo) is at most 160 MiB decoded as RGBA, the most one image may cost.
+#: The pixel budget of one image, checked on its header before any decoding: 40 Mpx (a large
+#: photo). Shrinking one costs at most its decoded pixels (4 bytes each: 153 MiB at the
+#: limit; a JPEG is decoded at a reduced scale) plus about 50 MiB (strips, the shrunk image,
+#: the encoder), so at most about 210 MiB: measured +201 MiB peak RSS for a 38 MP RGBA PNG
+#: of 6 MiB. How many are decoded at once is bounded by ``decode_budget``.
 MAX_IMAGE_PIXELS = 40_000_000
 
 _WINDOWS_RESERVED = frozenset(
@@ -249,27 +256,95 @@ def sniff_image_type(data: bytes) -> str | None:
 
 def _shrink(data: bytes, media_type: str) -> tuple[bytes, str]:
     """Shrink an image below the kernel limit like upstream: fit 2000x2000 (LANCZOS), a PNG
-    retried as PNG, then JPEG at quality 80/60/40/20, then 1000 px at q=20."""
+    retried as PNG, then JPEG at quality 80/60/40/20, then 1000 px at q=20.
+
+    What it costs is bounded (see :data:`MAX_IMAGE_PIXELS`): a JPEG is decoded at a reduced
+    scale (``draft``); any other image is decoded once at full size and then resized strip by
+    strip (:func:`_fit`), never copied whole; the full-size pixels are freed before the
+    smaller image is encoded. The pixels decoded are first reserved in the process-wide
+    budget (``decode_budget.DECODES``), which may make the request wait or refuse it.
+    """
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if width * height > MAX_IMAGE_PIXELS:  # the header check's twin, for odd headers
-                raise ValueError("too many pixels to decode safely")
+        image = Image.open(io.BytesIO(data))
+    except Exception:  # noqa: BLE001 - see below
+        raise _invalid(messages.IMAGE_INVALID) from None
+    try:
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:  # the header check's twin, for odd headers
+            raise _invalid(messages.IMAGE_TOO_MANY_PIXELS, limit=MAX_IMAGE_PIXELS // 1_000_000)
+        try:
             if image.format == "JPEG":
                 image.draft("RGB", (_MAX_SIDE, _MAX_SIDE))  # decode at a reduced scale
-            image.load()  # strict: truncated images raise (LOAD_TRUNCATED_IMAGES is off)
-            # Shrunk in place (no copy of the full-size pixels), while the file is open.
-            image.thumbnail((_MAX_SIDE, _MAX_SIDE), Image.Resampling.LANCZOS)
-            encoded, shrunk_type = _reencode(image, media_type)
-    # Pillow's decoders raise many kinds on hostile input (OSError, SyntaxError,
-    # DecompressionBombError, struct.error, ...): all of them mean "not a usable image".
-    except Exception:  # noqa: BLE001
-        raise _invalid(messages.IMAGE_INVALID) from None
+        except Exception:  # noqa: BLE001
+            raise _invalid(messages.IMAGE_INVALID) from None
+        with DECODES.reserve(image.width * image.height):
+            try:
+                image.load()  # strict: truncated images raise (LOAD_TRUNCATED_IMAGES is off)
+                fitted = _fit(image, _MAX_SIDE)
+                if fitted is not image:
+                    image.close()  # the full-size pixels go before the encoding
+                encoded, shrunk_type = _reencode(fitted, media_type)
+                fitted.close()
+            # Pillow's decoders raise many kinds on hostile input (OSError, SyntaxError,
+            # DecompressionBombError, struct.error, ...): all of them mean "not a usable image".
+            except Exception:  # noqa: BLE001
+                raise _invalid(messages.IMAGE_INVALID) from None
+    finally:
+        image.close()
     if len(encoded) > KERNEL_MAX_IMAGE_BYTES:
         raise _invalid(messages.IMAGE_INVALID)
     return encoded, shrunk_type
+
+
+#: Output rows resized at a time by :func:`_fit`.
+_STRIP_ROWS = 64
+#: Half the width of the LANCZOS kernel, in source pixels per output pixel (Pillow's value).
+_LANCZOS_SUPPORT = 3.0
+
+
+def _fitted_size(width: int, height: int, side: int) -> tuple[int, int]:
+    if width >= height:
+        return side, max(1, round(height * side / width))
+    return max(1, round(width * side / height)), side
+
+
+def _fit(image: Any, side: int) -> Any:
+    """``image`` made to fit ``side`` x ``side`` with LANCZOS, as ``thumbnail`` would, but
+    strip by strip: each band of output rows is resized from a crop of the source rows its
+    filter reads (the band's rows plus the kernel's reach on both sides), so the result is
+    the whole-image resize while the extra memory is a few strips, not a copy of the image
+    (``resize`` converts RGBA to premultiplied alpha, a full-size copy, and keeps a
+    full-height intermediate). ``image`` itself when it fits already."""
+    from PIL import Image
+
+    width, height = image.size
+    if width <= side and height <= side:
+        return image
+    out_width, out_height = _fitted_size(width, height, side)
+    scale = height / out_height
+    margin = math.ceil(_LANCZOS_SUPPORT * max(scale, 1.0)) + 2
+    mode = image.mode
+    if mode in ("P", "PA", "1"):  # palette and bilevel images are resized in colour
+        mode = "RGBA" if image.has_transparency_data else "RGB"
+    fitted = Image.new(mode, (out_width, out_height))
+    for top in range(0, out_height, _STRIP_ROWS):
+        bottom = min(out_height, top + _STRIP_ROWS)
+        source_top, source_bottom = top * scale, bottom * scale
+        first = max(0, math.floor(source_top) - margin)
+        last = min(height, math.ceil(source_bottom) + margin)
+        strip = image.crop((0, first, width, last))
+        if strip.mode != mode:
+            strip = strip.convert(mode)
+        band = strip.resize(
+            (out_width, bottom - top),
+            Image.Resampling.LANCZOS,
+            box=(0, source_top - first, width, source_bottom - first),
+        )
+        fitted.paste(band, (0, top))
+    fitted.info = dict(image.info)
+    return fitted
 
 
 def _reencode(image: Any, media_type: str) -> tuple[bytes, str]:

@@ -17,6 +17,18 @@ keeps time. The subset is what a WSGI server needs:
   ones, ``Date``, the framing (``Content-Length``, chunked on HTTP/1.1, close on
   HTTP/1.0, none for ``HEAD``, 1xx, 204 and 304) and the ``Connection`` header;
 - the server's own answers, JSON like the application's: ``{"error": {"code", "message"}}``.
+
+What is accepted is what RFC 9110/9112 allow, and never more than h11 accepts (the tests
+hold the server to h11 as an oracle, ``tests/flow/test_http_oracle.py``): header names
+are tokens; a value is visible ASCII, obs-text (0x80-0xFF), SP and HTAB, with no other
+control byte (CR, LF, NUL, VT, DEL, ...); the optional whitespace around a value or a list
+element is SP and HTAB only; a line ends with CRLF or LF, never with a bare CR; the
+request target is visible ASCII; an HTTP/1.1 request has exactly one ``Host`` (any
+request at most one), a valid ``uri-host[:port]``; ``Content-Length`` is ASCII digits,
+equal if repeated; ``Transfer-Encoding`` is a list whose one coding is ``chunked``
+(empty elements refused); a chunk-size line is hex digits, optional extensions and
+CRLF, the data is followed by CRLF, trailers are header lines ending with CRLF. A lenient
+reading of any of these is how a request is smuggled past a proxy that reads it otherwise.
 """
 
 from __future__ import annotations
@@ -41,9 +53,20 @@ LAST_CHUNK = b"0\r\n\r\n"
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
-_HEX = frozenset(b"0123456789abcdefABCDEF")
+_EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
+_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""The bytes no line of a head may hold: the control bytes but HTAB (its CRLF or LF is gone)."""
+_CONTROL_IN_HEAD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""The same over a whole head, searched once: a control byte but HTAB, LF and CR (a CR is
+allowed only in a CRLF, checked apart: a character class is scanned much faster)."""
+_TARGET = re.compile(r"[\x21-\x7e]+")
+_HOST = re.compile(r"(?:\[[0-9A-Za-z:.]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+"""``uri-host [":" port]`` (RFC 9110 7.2): an IP literal or a reg-name (an empty one too)."""
+_DIGITS = re.compile(r"[0-9]{1,18}")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(?:;[\t\x20-\x7e\x80-\xff]*)?[ \t]*\r\n")
+"""A chunk-size line: hex digits, optional extensions (not parsed, no control byte), CRLF;
+trailing SP/HTAB as h11 takes them, never whitespace before the size."""
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer"))
-_LINE_ENDS = (b"\r\n", b"\n")
 _FRAMING_HEADERS = frozenset(("connection", "transfer-encoding", "content-length"))
 _TOKENS_SEEN: set[str] = set()  # header names already found valid (a few dozen in practice)
 
@@ -89,7 +112,9 @@ def take_head(buf: bytes, limit: int, scanned: int = 0) -> tuple[bytes | None, b
     ``MAX_REQUEST_LINE``) raises ``ProtocolError`` 414 or 431.
     """
     if buf[:1] in (b"\r", b"\n"):
-        buf = buf.lstrip(b"\r\n")
+        empty = _EMPTY_LINES.match(buf)  # CRLF or LF, never a lone CR
+        if empty:
+            buf = buf[empty.end() :]
     start = max(0, scanned - 3)
     end = buf.find(b"\r\n\r\n", start)
     # The usual CRLF head: its blank line is the first end of a head unless a bare LF
@@ -158,34 +183,46 @@ class Request:
 def parse_request_head(head: bytes, max_headers: int) -> Request:
     """The request line and headers of ``head`` (as ``take_head`` returns it).
 
-    Raises ``ProtocolError``: 400 for a malformed line, header or length, 414 for a long
-    request line, 431 beyond ``max_headers`` headers, 501 for a transfer coding other than
-    chunked, 505 for an HTTP version other than 1.0 and 1.1.
+    Raises ``ProtocolError``: 400 for a malformed line, header or length (a control byte,
+    a bare CR, no ``Host`` or two), 414 for a long request line, 431 beyond
+    ``max_headers`` headers, 501 for a transfer coding other than chunked, 505 for an HTTP
+    version other than 1.0 and 1.1.
     """
-    lines = head.decode("latin-1").split("\n")
-    method, target, version = _request_line(lines[0].rstrip("\r"))
+    text = head.decode("latin-1")
+    crlf = text.count("\r\n")
+    if crlf == text.count("\n"):  # every line ends with CRLF, the common case
+        lines = text.split("\r\n")
+    else:
+        lines = [_strip_cr(line) for line in text.split("\n")]
+    if _CONTROL_IN_HEAD.search(text) or text.count("\r") != crlf:  # so no line holds a CR after this
+        _refuse_control_bytes(lines)
+    method, target, version = _request_line(lines[0])
     path, query = _split_target(target)
     headers: Headers = []
     framing: Headers = []  # the headers that decide keep-alive and the body's framing
-    for raw in lines[1:]:
-        line = raw.rstrip("\r")
+    hosts: list[str] = []
+    for line in lines[1:]:
         if not line:
             break
         if len(headers) >= max_headers:
             raise ProtocolError(431, "HEADERS_TOO_LARGE", "The request has too many headers.")
         name, sep, value = line.partition(":")
-        if not sep or "\x00" in value or (name not in _TOKENS_SEEN and not _valid_token(name)):  # refuses obs-fold
+        if not sep or (name not in _TOKENS_SEEN and not _valid_token(name)):  # refuses obs-fold too
             raise _bad_request("A request header is malformed.")
         header = (name, value.strip(" \t"))
         headers.append(header)
-        if name.lower() in _FRAMING_HEADERS:
+        lower = name.lower()
+        if lower in _FRAMING_HEADERS:
             framing.append(header)
+        elif lower == "host":
+            hosts.append(header[1])
     if not framing:  # the common cases first, as the general rules would answer them
         keep_alive, body = version == "HTTP/1.1", _NO_BODY
     elif len(framing) == 1 and framing[0][0].lower() == "content-length" and _plain_length(framing[0][1]):
         keep_alive, body = version == "HTTP/1.1", BodyFraming(length=int(framing[0][1]))
     else:
         keep_alive, body = wants_keep_alive(version, framing), body_framing(version, framing)
+    _check_host(version, hosts)
     return Request(
         method,
         target,
@@ -201,18 +238,47 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
 _NO_BODY = BodyFraming()
 
 
+def _refuse_control_bytes(lines: list[str]) -> None:
+    """The refusal of a head (its lines, without their line ends) with a control byte or a
+    bare CR, worded after the line that holds it (a request line too long is still 414)."""
+    if _FORBIDDEN.search(lines[0]) and len(lines[0]) <= MAX_REQUEST_LINE:
+        raise _bad_request("The request line is malformed.")
+    if any(_FORBIDDEN.search(line) for line in lines[1:]):
+        raise _bad_request("A request header is malformed.")
+
+
+def _strip_cr(line: str) -> str:
+    """A line without the CR of its CRLF (one CR: any other is a bare CR, refused later)."""
+    return line[:-1] if line.endswith("\r") else line
+
+
+def _check_host(version: str, hosts: list[str]) -> None:
+    """RFC 9112 3.2: 400 for an HTTP/1.1 request without ``Host``, any request with two
+    ``Host`` lines (equal or not), or a ``Host`` that is not ``uri-host[:port]``."""
+    if len(hosts) > 1:
+        raise _bad_request("The request has more than one Host header.")
+    if not hosts:
+        if version == "HTTP/1.1":
+            raise _bad_request("The request has no Host header.")
+        return
+    if not _HOST.fullmatch(hosts[0]):
+        raise _bad_request("The Host header is invalid.")
+
+
 def _plain_length(value: str) -> bool:
     """A ``Content-Length`` value ``body_framing`` takes as it is: ASCII digits, at most 18."""
-    return value.isdigit() and value.isascii() and len(value) <= 18
+    return _DIGITS.fullmatch(value) is not None
 
 
 def _request_line(line: str) -> tuple[str, str, str]:
     if len(line) > MAX_REQUEST_LINE:
         raise _line_too_long()
     parts = line.split(" ")
-    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or "\x00" in line:
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or _FORBIDDEN.search(line):
         raise _bad_request("The request line is malformed.")
     method, target, version = parts
+    if not _TARGET.fullmatch(target):  # visible ASCII only: no control or non-ASCII byte
+        raise _bad_request("The request target is malformed.")
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         if re.fullmatch(r"HTTP/\d\.\d", version):
             raise ProtocolError(505, "HTTP_VERSION_NOT_SUPPORTED", "Only HTTP/1.0 and HTTP/1.1 are supported.")
@@ -236,18 +302,26 @@ def _split_target(target: str) -> tuple[str, str]:
 
 
 def _values(headers: Headers, name: str) -> list[str]:
-    """The comma-separated values of every header called ``name``, stripped."""
-    return [v.strip() for n, value in headers if n.lower() == name for v in value.split(",")]
+    """The comma-separated values of every header called ``name``, each without the optional
+    whitespace around it (SP and HTAB only: ``str.strip`` would take VT, NBSP, ... too)."""
+    return [v.strip(" \t") for n, value in headers if n.lower() == name for v in value.split(",")]
 
 
 def body_framing(version: str, headers: Headers) -> BodyFraming:
-    """The request body's framing; ``ProtocolError`` when the headers conflict or are invalid."""
-    encodings = [v.lower() for v in _values(headers, "transfer-encoding") if v]
+    """The request body's framing; ``ProtocolError`` when the headers conflict or are invalid.
+
+    ``Transfer-Encoding`` is a list (over all its lines) that must be exactly one
+    ``chunked`` (case-insensitive): an empty or malformed element is 400, a coding other
+    than chunked (or chunked twice) 501. ``Content-Length`` is ASCII digits, equal if repeated.
+    """
+    codings = _values(headers, "transfer-encoding")
     lengths = set(_values(headers, "content-length"))
-    if encodings:
+    if codings:
         if lengths:
             raise _bad_request("Content-Length and Transfer-Encoding are both present.")
-        if encodings != ["chunked"]:
+        if not all(_TOKEN.fullmatch(c) for c in codings):
+            raise _bad_request("The Transfer-Encoding header is malformed.")
+        if [c.lower() for c in codings] != ["chunked"]:
             raise ProtocolError(501, "NOT_IMPLEMENTED", "Only the chunked transfer coding is supported.")
         if version == "HTTP/1.0":
             raise _bad_request("Chunked bodies need HTTP/1.1.")
@@ -261,25 +335,39 @@ def body_framing(version: str, headers: Headers) -> BodyFraming:
 
 
 def wants_keep_alive(version: str, headers: Headers) -> bool:
-    """Whether the client asks to keep the connection: HTTP/1.1 unless ``Connection: close``,
-    HTTP/1.0 only with ``Connection: keep-alive``."""
+    """Whether the client asks to keep the connection: never with ``Connection: close``
+    (whatever else it lists), else HTTP/1.1, or HTTP/1.0 with ``Connection: keep-alive``."""
     connection = [v.lower() for v in _values(headers, "connection")]
-    if version == "HTTP/1.1":
-        return "close" not in connection
-    return "keep-alive" in connection
+    if "close" in connection:
+        return False
+    return version == "HTTP/1.1" or "keep-alive" in connection
 
 
 # ====================================================================== a chunked request body
 def parse_chunk_size(line: bytes) -> int:
-    """The size of a chunk-size line (through its LF; extensions ignored); ``ProtocolError`` 400."""
-    size = line.split(b";", 1)[0].strip(b" \t\r\n")
-    if not line.endswith(b"\n") or not size or len(size) > 15 or not _HEX.issuperset(size):
+    """The size of a chunk-size line (through its CRLF; extensions ignored); ``ProtocolError`` 400.
+
+    Hex digits from the first byte (no whitespace before), optional extensions without
+    control bytes, optional SP/HTAB, CRLF (a bare LF is refused, as h11 and waitress do)."""
+    match = _CHUNK_SIZE.fullmatch(line)
+    if match is None:
         raise _bad_chunk()
-    return int(size, 16)
+    return int(match.group(1), 16)
 
 
 def _bad_chunk() -> ProtocolError:
     return _bad_request("The chunked request body is malformed.")
+
+
+def _trailer_line(line: bytes) -> bool:
+    """A trailer line (through its CRLF): a header line as in the head, or the empty line."""
+    if not line.endswith(b"\r\n"):
+        return False
+    text = line[:-2].decode("latin-1")
+    if not text:
+        return True
+    name, sep, value = text.partition(":")
+    return bool(sep) and _TOKEN.fullmatch(name) is not None and not _FORBIDDEN.search(value)
 
 
 class ChunkedDecoder:
@@ -295,8 +383,8 @@ class ChunkedDecoder:
     __slots__ = ("_buf", "_pos", "_state", "_left", "_trailer_bytes")
 
     _SIZE, _DATA, _DATA_END, _TRAILERS, _DONE = range(5)
-    _LINE_LIMITS = {_SIZE: MAX_CHUNK_LINE, _DATA_END: 3, _TRAILERS: MAX_TRAILERS}
-    """The longest line each state reads (``3``: the CRLF, or LF, after a chunk's data)."""
+    _LINE_LIMITS = {_SIZE: MAX_CHUNK_LINE, _DATA_END: 2, _TRAILERS: MAX_TRAILERS}
+    """The longest line each state reads (``2``: the CRLF after a chunk's data)."""
 
     def __init__(self) -> None:
         self._buf = b""
@@ -344,14 +432,14 @@ class ChunkedDecoder:
                 self._left = parse_chunk_size(line)
                 self._state = self._DATA if self._left else self._TRAILERS
             elif state == self._DATA_END:
-                if line not in _LINE_ENDS:
+                if line != b"\r\n":
                     raise _bad_chunk()
                 self._state = self._SIZE
             else:
                 self._trailer_bytes += len(line)
-                if not line.endswith(b"\n") or self._trailer_bytes > MAX_TRAILERS:
+                if self._trailer_bytes > MAX_TRAILERS or not _trailer_line(line):
                     raise _bad_chunk()
-                if line in _LINE_ENDS:
+                if line == b"\r\n":
                     self._state = self._DONE
 
     def read_available(self) -> bytes | None:

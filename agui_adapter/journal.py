@@ -275,6 +275,16 @@ class JournalStore:
         """How many clients follow the run now, in any process (its own client included)."""
         return count_readers(self.run_dir(thread_id, run_id))
 
+    def progress(self, thread_id: str, run_id: str) -> tuple[bool, int | None, bool] | None:
+        """What ``GET /threads/{threadId}`` says of a run from its journal, whichever process
+        runs it: (whether its writer is alive, the last event id written, whether a client
+        is attached); None without a journal."""
+        directory = self.run_dir(thread_id, run_id)
+        starts = _segments(directory)
+        if not starts:
+            return None
+        return writer_alive(directory), last_written_id(directory, starts), count_readers(directory) > 0
+
     # ------------------------------------------------------------------ retention
     def sweep(self, now: float | None = None) -> int:
         """Delete the journals of runs that ended (or whose process died) more than
@@ -344,6 +354,33 @@ def writer_alive(directory: Path) -> bool:
     finally:
         os.close(fd)  # releases a lock taken
     return False
+
+
+def last_written_id(directory: Path, starts: list[int]) -> int | None:
+    """The id of the last event in the run's journal (its newest segment read backwards)."""
+    for first_id in reversed(starts):
+        try:
+            fd = os.open(directory / _segment_name(first_id), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            end = os.fstat(fd).st_size
+            tail = b""
+            while end > 0:
+                start = max(0, end - _READ_SIZE)
+                tail = os.pread(fd, end - start, start) + tail
+                end = start
+                at = tail.rfind(b"\n\nid: ")
+                if at >= 0 or (end == 0 and tail.startswith(b"id: ")):
+                    at = at + 2 if at >= 0 else 0
+                    newline = tail.find(b"\n", at)
+                    if newline > at:
+                        return int(tail[at + 4 : newline])
+        finally:
+            os.close(fd)
+        if first_id > 1:
+            return first_id - 1
+    return None
 
 
 # ====================================================================== writing

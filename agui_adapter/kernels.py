@@ -55,6 +55,11 @@ class KernelProcess:
     process: subprocess.Popen[bytes] | None = None
     owner_pid: int = field(default_factory=os.getpid, repr=False)
 
+    @property
+    def health_kind(self) -> str:
+        """What ``/health`` calls this kernel: ``scripted``, ``iac-code`` (spawned) or ``external`` (configured)."""
+        return self.kind if self.kind in ("scripted", "iac-code") else "external"
+
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate the kernel's process group, then kill it; a no-op in a forked child."""
         proc, self.process = self.process, None

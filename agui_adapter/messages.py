@@ -79,6 +79,7 @@ EXECUTION_LOST_NO_THREAD = "The execution to resume is no longer available."
 EXECUTION_LOST_MISMATCH = "The resume request does not match the interrupted run."
 STATE_UNAVAILABLE = "The AG-UI adapter state is unavailable."
 SERVER_BUSY = "The AG-UI adapter is running as many runs as it allows; retry in {seconds} seconds."
+IMAGE_DECODE_BUSY = "The AG-UI adapter is decoding as many images as it allows; retry in {seconds} seconds."
 
 # --- run errors --------------------------------------------------------------------
 A2A_UNAVAILABLE = "The local A2A execution service is unavailable."
@@ -125,6 +126,12 @@ EXECUTION_NOT_FOUND = "The execution was not found."
 RUN_NOT_FOUND = "The run was not found, or its events are no longer kept."
 REPLAY_UNAVAILABLE = "The run's events after that id are no longer kept; start the run again."
 LAST_EVENT_ID_INVALID = "Last-Event-ID must be the id of an event of this run (a whole number)."
+
+# --- the thread resource (GET /threads/{threadId}, .../messages) ---------------------
+THREAD_NOT_FOUND = "The thread was not found."
+THREAD_PATH_HEADER_MISMATCH = "The X-AGUI-Thread-Id header must equal the threadId in the path."
+HISTORY_LIMIT_INVALID = "The limit parameter must be a whole number from 1 to {limit}."
+HISTORY_CURSOR_INVALID = "The before parameter must be a nextCursor returned by this route."
 
 
 def all_messages() -> dict[str, str]:

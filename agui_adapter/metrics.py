@@ -1,27 +1,43 @@
 """The adapter's Prometheus metrics, and their text exposition for ``GET /metrics``.
 
-Operators alert on numbers, not on log lines: how many runs are open, how runs end
-(success, interrupt, error, abandoned) and with which error codes, what the HTTP edge
-answers, how many events go out, whether the kernel is up, how long the kernel takes to
-say something and a run to end, and how many SSE clients go away mid-run. This module
-owns those series and nothing else; the places that see the facts (``run_driver``,
-``runs``, ``web``) call one method each.
+Operators alert on numbers, not on log lines: how many runs are open and how many may be,
+how runs end (success, interrupt, error, abandoned) and with which error codes, how long
+they take by run mode (turn, resume, guidance, pipeline) and outcome, what the HTTP edge
+answers and how many connections it holds, how many events go out, whether the kernel is
+up and how each of its A2A methods answers (latency, errors by kind), how long a thread
+state write takes, how many interrupts wait for an answer, how many runs go on without a
+client, how much the run journals weigh, and which build runs. This module owns those
+series and nothing else; the places that see the facts (``run_driver``, ``runs``, ``web``,
+``kernel_calls``, the store's write hook, the built-in server's connection count) call one
+method each.
 
-Two backends behind one ``Metrics`` object:
+Two backends behind one ``Metrics`` object, with the same series:
 
-- **built-in** (the default): a small thread-safe registry of our own (counters, gauges,
-  histograms) rendered here in the Prometheus text format 0.0.4. Correct for one process:
-  ``python run.py``, or a WSGI server with a single worker process.
+- **one process** (the default): a small thread-safe registry of our own (counters,
+  gauges, histograms). A scrape renders it through prometheus_client's ``CollectorRegistry``
+  when the optional ``metrics`` extra is installed (imported at the first scrape, not at
+  start), with its process, platform and GC collectors (``process_*``, ``python_info``,
+  ``python_gc_*``); without the package it is rendered here in the Prometheus text format
+  0.0.4, with ``process_*`` and ``python_info`` read the way prometheus_client reads them
+  (``/proc/self``). Correct for one process: ``python run.py``, or a WSGI server with a
+  single worker process.
 - **prometheus_client in multiprocess mode**, chosen when ``PROMETHEUS_MULTIPROC_DIR``
-  names a directory and the optional ``metrics`` extra (``prometheus_client``) is
-  installed: every worker process writes its values to files in that directory, and a
-  scrape answered by any worker adds up all of them (gunicorn ``-w N``). The runs-active
-  gauge sums the live workers only (``livesum``; gunicorn's ``child_exit`` hook should call
-  ``prometheus_client.multiprocess.mark_process_dead``). Without the package the built-in
-  registry is used and a warning says that each worker then reports only itself.
+  names a directory and ``prometheus_client`` is installed: every worker process writes its
+  values to files in that directory, and a scrape answered by any worker adds up all of
+  them (gunicorn ``-w N``). The gauges of live things (runs active, their limit, detached
+  runs) sum the live workers only (``livesum``; gunicorn's ``child_exit`` hook should call
+  ``prometheus_client.multiprocess.mark_process_dead``). As prometheus_client documents,
+  per-process collectors do not apply there: no ``process_*`` series. Without the package
+  the built-in registry is used and a warning says that each worker then reports only
+  itself.
 
-``agui_kernel_up`` is never stored: each scrape asks the kernel's health, cached for
-``KERNEL_UP_TTL`` seconds so that scrapes stay cheap and cannot flood the kernel.
+Some values are read when scraped, never stored (the same in both modes, from the process
+that answers): ``agui_kernel_up`` (the kernel's health, cached ``KERNEL_UP_TTL`` seconds so
+that scrapes stay cheap and cannot flood the kernel), ``agui_interrupts_pending`` and
+``agui_journal_bytes`` (read from the shared state directory, cached ``STATE_TTL`` seconds:
+right whichever worker answers), ``agui_connections_open``/``agui_connections_max`` (only
+under the built-in server, which hands its count over with ``watch_connections``: other
+WSGI servers do not say, and the series is then absent), and ``agui_build_info``.
 The hot path (events sent) is one counter add per written chunk, never per event.
 """
 
@@ -40,13 +56,22 @@ log = logging.getLogger("agui_adapter.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 KERNEL_UP_TTL = 5.0
+STATE_TTL = 15.0
 
 OUTCOMES = ("success", "interrupt", "error", "abandoned")
+MODES = ("turn", "resume", "guidance", "pipeline")
 FIRST_EVENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+KERNEL_CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STATE_WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-# name, help; the label names and kinds are given where the series are made (``_series``)
+# name, help; the label names and kinds are given where the series are made (``Metrics``)
 RUNS_ACTIVE = ("agui_runs_active", "Runs whose SSE response is open.")
+RUNS_MAX = ("agui_runs_max", "Runs that may be open at once (--max-runs; summed over the worker processes).")
+RUNS_DETACHED = (
+    "agui_runs_detached",
+    "Runs going on without a client (disconnect grace, or taken over by a reattach).",
+)
 RUNS = ("agui_runs_total", "Runs that ended, by outcome (success, interrupt, error, abandoned).")
 RUN_ERRORS = ("agui_run_errors_total", "Runs that ended with RUN_ERROR, by error code.")
 HTTP_REQUESTS = ("agui_http_requests_total", "HTTP requests answered, by route (endpoint name) and status.")
@@ -54,12 +79,28 @@ EVENTS_SENT = ("agui_events_sent_total", "AG-UI events written to SSE streams.")
 KERNEL_UP = ("agui_kernel_up", "1 when the kernel answers its health check (cached a few seconds), else 0.")
 FIRST_EVENT = (
     "agui_run_first_event_seconds",
-    "Seconds from a run's admission to its first event after RUN_STARTED (the kernel's first answer).",
+    "Seconds from a run's admission to its first event after RUN_STARTED (the kernel's first answer), "
+    "by run mode and outcome.",
 )
-RUN_DURATION = ("agui_run_duration_seconds", "Seconds from a run's admission to its end.")
+RUN_DURATION = ("agui_run_duration_seconds", "Seconds from a run's admission to its end, by run mode and outcome.")
 DISCONNECTS = ("agui_sse_clients_disconnected_total", "SSE clients that went away before their run ended.")
 REATTACHES = ("agui_reattaches_total", "Streams of a run opened again with Last-Event-ID or GET .../events.")
 ADOPTIONS = ("agui_runs_adopted_total", "Runs taken over from an adapter process that died or handed them over.")
+KERNEL_CALLS = (
+    "agui_kernel_call_seconds",
+    "Seconds an A2A call to the kernel takes, by method (a stream: until its answer starts).",
+)
+KERNEL_ERRORS = ("agui_kernel_call_errors_total", "A2A calls to the kernel that failed, by method and kind.")
+STATE_WRITES = ("agui_state_write_seconds", "Seconds one thread state write takes (durable: fsync included).")
+INTERRUPTS_PENDING = ("agui_interrupts_pending", "Interrupts waiting for an answer (read from the state directory).")
+JOURNAL_BYTES = ("agui_journal_bytes", "Bytes of run journals (reattach buffers) in the state directory.")
+CONNECTIONS_OPEN = ("agui_connections_open", "Connections open on the built-in server (reserve included).")
+CONNECTIONS_MAX = ("agui_connections_max", "Connections the built-in server serves at once (--max-connections).")
+BUILD_INFO = ("agui_build_info", "The adapter's version and the kind of kernel it talks to (always 1).")
+PROCESS_THREADS = ("agui_process_threads", "Python threads of this process.")
+
+#: A value read at scrape time: (name, help, [(labels, value), ...]), rendered as a gauge.
+Reading = tuple[str, str, list[tuple[dict[str, str], float]]]
 
 
 # ====================================================================== the built-in registry
@@ -105,6 +146,10 @@ class _Value:
         with self._lock:
             self.value -= amount
 
+    def set(self, value: float) -> None:
+        with self._lock:
+            self.value = float(value)
+
     def samples(self, name: str, labels: str) -> list[str]:
         return [f"{name}{labels} {_number(self.value)}"]
 
@@ -126,15 +171,21 @@ class _Buckets:
             self._counts[index] += 1
             self._sum += amount
 
-    def samples(self, name: str, names: Sequence[str], values: Sequence[str]) -> list[str]:
+    def cumulative(self) -> tuple[list[tuple[float, float]], float]:
+        """(upper bound, cumulative count) per bucket, +Inf last, and the sum."""
         with self._lock:
             counts, total = list(self._counts), self._sum
-        lines, cumulative = [], 0
+        buckets, running = [], 0
         for bound, count in zip([*self._bounds, float("inf")], counts, strict=True):
-            cumulative += count
-            lines.append(f"{name}_bucket{_labels(names, values, ('le', _number(bound)))} {_number(cumulative)}")
+            running += count
+            buckets.append((bound, float(running)))
+        return buckets, total
+
+    def samples(self, name: str, names: Sequence[str], values: Sequence[str]) -> list[str]:
+        buckets, total = self.cumulative()
+        lines = [f"{name}_bucket{_labels(names, values, ('le', _number(b)))} {_number(c)}" for b, c in buckets]
         lines.append(f"{name}_sum{_labels(names, values)} {_number(total)}")
-        lines.append(f"{name}_count{_labels(names, values)} {_number(cumulative)}")
+        lines.append(f"{name}_count{_labels(names, values)} {_number(buckets[-1][1])}")
         return lines
 
 
@@ -170,14 +221,19 @@ class _Family:
     def dec(self, amount: float = 1.0) -> None:
         self._default.dec(amount)
 
+    def set(self, value: float) -> None:
+        self._default.set(value)
+
     def observe(self, amount: float) -> None:
         self._default.observe(amount)
 
+    def children(self) -> list[tuple[tuple[str, ...], Any]]:
+        with self._lock:
+            return sorted(self._children.items())
+
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {_escape_help(self.documentation)}", f"# TYPE {self.name} {self.kind}"]
-        with self._lock:
-            children = sorted(self._children.items())
-        for values, child in children:
+        for values, child in self.children():
             if self.kind == "histogram":
                 lines += child.samples(self.name, self.labelnames, values)
             else:
@@ -185,27 +241,160 @@ class _Family:
         return lines
 
 
+def _render_readings(readings: Iterable[Reading]) -> list[str]:
+    lines: list[str] = []
+    for name, documentation, samples in readings:
+        lines += [f"# HELP {name} {_escape_help(documentation)}", f"# TYPE {name} gauge"]
+        for labels, value in samples:
+            lines.append(f"{name}{_labels(list(labels), list(labels.values()))} {_number(value)}")
+    return lines
+
+
+_client_installed: bool | None = None
+
+
+def client_installed() -> bool:
+    """Whether prometheus_client can be imported (asked once, without importing it)."""
+    global _client_installed
+    if _client_installed is None:
+        import importlib.util
+
+        _client_installed = importlib.util.find_spec("prometheus_client") is not None
+    return _client_installed
+
+
 class BuiltinRegistry:
-    """The registry of one process (thread-safe); ``render`` writes the text format."""
+    """The registry of one process (thread-safe). ``render`` goes through prometheus_client's
+    registry when it is installed (``use_client``), else writes the text format here."""
 
     multiprocess = False
 
-    def __init__(self) -> None:
+    def __init__(self, use_client: bool | None = None) -> None:
         self._families: list[_Family] = []
+        self._use_client = use_client
+
+    @property
+    def uses_client(self) -> bool:
+        return client_installed() if self._use_client is None else self._use_client
 
     def make(self, kind: str, name: str, documentation: str, labelnames: Sequence[str] = (), **options: Any) -> Any:
         family = _Family(kind, name, documentation, labelnames, **options)
         self._families.append(family)
         return family
 
-    def render(self, kernel_up: float | None) -> bytes:
+    def render(self, readings: list[Reading]) -> bytes:
+        if self.uses_client:
+            return _render_with_client(self._families, readings)
         lines: list[str] = []
         for family in self._families:
             lines += family.render()
-        if kernel_up is not None:
-            name, documentation = KERNEL_UP
-            lines += [f"# HELP {name} {documentation}", f"# TYPE {name} gauge", f"{name} {_number(kernel_up)}"]
+        lines += _render_readings([*readings, *process_readings()])
         return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _client_families(families: Sequence[_Family], readings: Iterable[Reading]) -> list[Any]:
+    """Our families and readings as prometheus_client metric families."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    out: list[Any] = []
+    for family in families:
+        labels = list(family.labelnames)
+        if family.kind == "counter":
+            metric: Any = CounterMetricFamily(family.name, family.documentation, labels=labels)
+        elif family.kind == "gauge":
+            metric = GaugeMetricFamily(family.name, family.documentation, labels=labels)
+        else:
+            metric = HistogramMetricFamily(family.name, family.documentation, labels=labels)
+        for values, child in family.children():
+            if family.kind == "histogram":
+                buckets, total = child.cumulative()
+                metric.add_metric(list(values), [(_number(b), c) for b, c in buckets], total)
+            else:
+                metric.add_metric(list(values), child.value)
+        out.append(metric)
+    for name, documentation, samples in readings:
+        names = list(samples[0][0]) if samples else []
+        gauge = GaugeMetricFamily(name, documentation, labels=names)
+        for labels, value in samples:
+            gauge.add_metric([labels[n] for n in names], value)
+        out.append(gauge)
+    return out
+
+
+class _Collected:
+    """A prometheus_client collector handing over families made at scrape time."""
+
+    def __init__(self, collect: Callable[[], list[Any]]) -> None:
+        self.collect = collect
+
+
+def _render_with_client(families: Sequence[_Family], readings: list[Reading]) -> bytes:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.gc_collector import GCCollector
+    from prometheus_client.platform_collector import PlatformCollector
+    from prometheus_client.process_collector import ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(_Collected(lambda: _client_families(families, readings)))  # type: ignore[arg-type]
+    return bytes(generate_latest(registry))
+
+
+# ------------------------------------------------------------------ process facts without prometheus_client
+_TICKS: float | None = None
+_PAGESIZE: int | None = None
+_BOOT_TIME: float | None = None
+
+
+def process_readings() -> list[Reading]:
+    """``process_*`` and ``python_info`` as prometheus_client's collectors give them (Linux
+    ``/proc``; nothing where there is none), read when scraped."""
+    global _TICKS, _PAGESIZE, _BOOT_TIME
+    readings: list[Reading] = []
+    try:
+        if _TICKS is None:
+            _TICKS = float(os.sysconf("SC_CLK_TCK"))
+            _PAGESIZE = os.sysconf("SC_PAGE_SIZE")
+            with open("/proc/stat", "rb") as stat:
+                for line in stat:
+                    if line.startswith(b"btime "):
+                        _BOOT_TIME = float(line.split()[1])
+                        break
+        with open("/proc/self/stat", "rb") as handle:
+            parts = handle.read().split(b")")[-1].split()
+        assert _PAGESIZE is not None
+        readings += [
+            ("process_virtual_memory_bytes", "Virtual memory size in bytes.", [({}, float(parts[20]))]),
+            ("process_resident_memory_bytes", "Resident memory size in bytes.", [({}, float(parts[21]) * _PAGESIZE)]),
+        ]
+        if _BOOT_TIME is not None:
+            started = float(parts[19]) / _TICKS + _BOOT_TIME
+            help_text = "Start time of the process since unix epoch in seconds."
+            readings.append(("process_start_time_seconds", help_text, [({}, started)]))
+        cpu = (float(parts[11]) + float(parts[12])) / _TICKS
+        readings.append(("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", [({}, cpu)]))
+        fds = float(len(os.listdir("/proc/self/fd")))
+        readings.append(("process_open_fds", "Number of open file descriptors.", [({}, fds)]))
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        readings.append(("process_max_fds", "Maximum number of open file descriptors.", [({}, float(soft))]))
+    except (OSError, ValueError, IndexError, AssertionError):
+        pass
+    import platform  # only when scraped without prometheus_client
+
+    major, minor, patch = platform.python_version_tuple()
+    info = {
+        "implementation": platform.python_implementation(),
+        "major": major,
+        "minor": minor,
+        "patchlevel": patch,
+        "version": platform.python_version(),
+    }
+    readings.append(("python_info", "Python platform information", [(info, 1.0)]))
+    return readings
 
 
 # ====================================================================== prometheus_client, multiprocess
@@ -231,20 +420,13 @@ class PrometheusMultiprocessRegistry:
         # registry=None: the values are written to the directory; a scrape reads them all
         return self._kinds[kind](name, documentation, labelnames=tuple(labelnames), registry=None, **options)
 
-    def render(self, kernel_up: float | None) -> bytes:
+    def render(self, readings: list[Reading]) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-        from prometheus_client.core import GaugeMetricFamily
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        if kernel_up is not None:
-            gauge = GaugeMetricFamily(KERNEL_UP[0], KERNEL_UP[1], value=kernel_up)
-
-            class KernelUp:
-                def collect(self) -> Iterable[Any]:
-                    return [gauge]
-
-            registry.register(KernelUp())  # type: ignore[arg-type]
+        if readings:
+            registry.register(_Collected(lambda: _client_families((), readings)))  # type: ignore[arg-type]
         return bytes(generate_latest(registry))
 
 
@@ -252,10 +434,10 @@ class Registry(Protocol):
     multiprocess: bool
 
     def make(self, kind: str, name: str, documentation: str, labelnames: Sequence[str] = (), **options: Any) -> Any:
-        """A metric with prometheus_client's interface (``labels``, ``inc``, ``dec``, ``observe``)."""
+        """A metric with prometheus_client's interface (``labels``, ``inc``, ``dec``, ``set``, ``observe``)."""
 
-    def render(self, kernel_up: float | None) -> bytes:
-        """The text exposition of every series (``kernel_up``: None to leave it out)."""
+    def render(self, readings: list[Reading]) -> bytes:
+        """The text exposition of every series, and of the ``readings`` taken for this scrape."""
 
 
 _multiprocess_metrics: Metrics | None = None
@@ -285,6 +467,28 @@ class KernelUpProbe:
             return self._value
 
 
+class Cached:
+    """A number read at most once per ``ttl`` seconds (a failing read keeps the last value)."""
+
+    def __init__(self, read: Callable[[], float], ttl: float = STATE_TTL) -> None:
+        self._read = read
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._value = 0.0
+        self._until = float("-inf")
+
+    def value(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._until:
+                try:
+                    self._value = float(self._read())
+                except Exception:  # noqa: BLE001 - a scrape never fails on one reading
+                    log.warning("a metrics reading failed", exc_info=True)
+                self._until = now + self._ttl
+            return self._value
+
+
 class Metrics:
     """Every series of the adapter; one instance per process (``for_environment``)."""
 
@@ -293,16 +497,27 @@ class Metrics:
         self.kernel_up = KernelUpProbe(kernel_health) if kernel_health is not None else None
         make = self.registry.make
         self._runs_active = make("gauge", *RUNS_ACTIVE)
+        self._runs_max = make("gauge", *RUNS_MAX)
+        self._detached = make("gauge", *RUNS_DETACHED)
         self._runs = make("counter", *RUNS, labelnames=("outcome",))
         self._run_errors = make("counter", *RUN_ERRORS, labelnames=("code",))
         self._http = make("counter", *HTTP_REQUESTS, labelnames=("route", "status"))
         self._events = make("counter", *EVENTS_SENT)
-        self._first_event = make("histogram", *FIRST_EVENT, buckets=FIRST_EVENT_BUCKETS)
-        self._duration = make("histogram", *RUN_DURATION, buckets=DURATION_BUCKETS)
+        labels = ("mode", "outcome")
+        self._first_event = make("histogram", *FIRST_EVENT, labelnames=labels, buckets=FIRST_EVENT_BUCKETS)
+        self._duration = make("histogram", *RUN_DURATION, labelnames=labels, buckets=DURATION_BUCKETS)
         self._disconnects = make("counter", *DISCONNECTS)
         self._reattaches = make("counter", *REATTACHES)
         self._adoptions = make("counter", *ADOPTIONS)
+        self._kernel_calls = make("histogram", *KERNEL_CALLS, labelnames=("method",), buckets=KERNEL_CALL_BUCKETS)
+        self._kernel_errors = make("counter", *KERNEL_ERRORS, labelnames=("method", "kind"))
+        self._state_writes = make("histogram", *STATE_WRITES, labelnames=("durable",), buckets=STATE_WRITE_BUCKETS)
         self._outcomes = {outcome: self._runs.labels(outcome) for outcome in OUTCOMES}  # all four exist at 0
+        self._state_write = {True: self._state_writes.labels("true"), False: self._state_writes.labels("false")}
+        self._build: dict[str, str] | None = None
+        self._connections: tuple[Callable[[], int], int] | None = None
+        self._pending: Cached | None = None
+        self._journal: Cached | None = None
 
     @classmethod
     def for_environment(
@@ -337,6 +552,21 @@ class Metrics:
     def multiprocess(self) -> bool:
         return self.registry.multiprocess
 
+    # ------------------------------------------------------------------ what is configured
+    def describe(self, version: str, kernel: str, max_runs: int) -> None:
+        """``agui_build_info{version, kernel}`` and this process's share of ``agui_runs_max``."""
+        self._build = {"version": version, "kernel": kernel}
+        self._runs_max.set(max_runs)
+
+    def watch_connections(self, count: Callable[[], int], limit: int) -> None:
+        """The built-in server's open connections (read at scrape time) and its limit."""
+        self._connections = (count, limit)
+
+    def watch_state(self, pending_interrupts: Callable[[], float], journal_bytes: Callable[[], float]) -> None:
+        """What the state directory holds, read at scrape time (cached ``STATE_TTL`` s)."""
+        self._pending = Cached(pending_interrupts)
+        self._journal = Cached(journal_bytes)
+
     # ------------------------------------------------------------------ what happened
     def run_opened(self) -> None:
         self._runs_active.inc()
@@ -344,15 +574,27 @@ class Metrics:
     def run_closed(self) -> None:
         self._runs_active.dec()
 
-    def run_finished(self, outcome: str, code: str | None, seconds: float) -> None:
+    def run_detached(self) -> None:
+        self._detached.inc()
+
+    def detached_run_ended(self) -> None:
+        self._detached.dec()
+
+    def run_finished(
+        self, outcome: str, code: str | None, seconds: float, mode: str = "turn", first_event: float | None = None
+    ) -> None:
+        """A run ended: its outcome, error code, duration and (when it had one) the time to
+        its first event, both by mode and outcome."""
         counter = self._outcomes.get(outcome)
         (counter if counter is not None else self._runs.labels(outcome)).inc()
         if code:
             self._run_errors.labels(code).inc()
-        self._duration.observe(seconds)
+        self._duration.labels(mode, outcome).observe(seconds)
+        if first_event is not None:
+            self._first_event.labels(mode, outcome).observe(first_event)
 
-    def first_event(self, seconds: float) -> None:
-        self._first_event.observe(seconds)
+    def first_event(self, seconds: float, mode: str = "turn", outcome: str = "success") -> None:
+        self._first_event.labels(mode, outcome).observe(seconds)
 
     def events_sent(self, count: int) -> None:
         self._events.inc(count)
@@ -369,8 +611,35 @@ class Metrics:
     def http_request(self, route: str, status: str) -> None:
         self._http.labels(route, status).inc()
 
+    def kernel_call(self, method: str, seconds: float, error: str | None = None) -> None:
+        """One A2A call (``error``: its kind when it failed)."""
+        self._kernel_calls.labels(method).observe(seconds)
+        if error is not None:
+            self._kernel_errors.labels(method, error).inc()
+
+    def state_written(self, seconds: float, durable: bool) -> None:
+        self._state_write[bool(durable)].observe(seconds)
+
     # ------------------------------------------------------------------ the scrape
+    def readings(self) -> list[Reading]:
+        """The values read for this scrape (kernel up, state, connections, build, threads)."""
+        out: list[Reading] = []
+        if self.kernel_up is not None:
+            out.append((*KERNEL_UP, [({}, self.kernel_up.value())]))
+        if self._pending is not None:
+            out.append((*INTERRUPTS_PENDING, [({}, self._pending.value())]))
+        if self._journal is not None:
+            out.append((*JOURNAL_BYTES, [({}, self._journal.value())]))
+        if self._connections is not None:
+            count, limit = self._connections
+            out.append((*CONNECTIONS_OPEN, [({}, float(count()))]))
+            out.append((*CONNECTIONS_MAX, [({}, float(limit))]))
+        if self._build is not None:
+            out.append((*BUILD_INFO, [(dict(self._build), 1.0)]))
+        if not self.multiprocess:
+            out.append((*PROCESS_THREADS, [({}, float(threading.active_count()))]))
+        return out
+
     def render(self) -> bytes:
-        """The text exposition of every series, kernel_up included when a probe is set."""
-        kernel_up = self.kernel_up.value() if self.kernel_up is not None else None
-        return self.registry.render(kernel_up)
+        """The text exposition of every series and of this scrape's readings."""
+        return self.registry.render(self.readings())

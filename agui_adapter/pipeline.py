@@ -7,7 +7,9 @@ a frame carries, how steps are named, which event types the contract forwards as
 ``CUSTOM iac-code.pipeline.v1``, and ``PipelineProgress``, the durable record of which
 journal sequences the client has already been sent, so that no event is lost or
 delivered twice across runs and restarts. Sequences are never used to *drop* an event
-just because a higher one was seen first: only "already delivered" counts.
+just because a higher one was seen first: only "already delivered" counts. A publication
+still pending the kernel's backup (:func:`is_pending_publication`) is never delivered: its
+sequence counts as handled, and its committed twin is the one the client gets.
 """
 
 from __future__ import annotations
@@ -105,6 +107,25 @@ def message_key(envelope: dict[str, Any], pipeline_run_id: str) -> str:
         if coordinate and coordinate not in parts:
             parts.append(coordinate)
     return ":".join(parts)
+
+
+#: The ``visibility`` of a publication journaled before the kernel's backup committed it.
+PENDING_BACKUP = "pending_backup"
+
+
+def is_pending_publication(envelope: dict[str, Any]) -> bool:
+    """A publication the kernel journaled before its backup committed (``visibility:
+    "pending_backup"``, at the top or in ``data``, or ``data.backupPending``), as the kernel's
+    own ``_is_pending_backup_publication`` reads it. Its live stream never carries one: the
+    committed twin (another ``eventId``, a later sequence) follows once the backup is
+    durable, and if the backup fails, a ``backup_blocked`` event follows instead and the
+    kernel's snapshot drops the pending publication. So the client is sent none of them."""
+    data = envelope.get("data")
+    data = data if isinstance(data, dict) else {}
+    visibility = envelope.get("visibility")
+    if not isinstance(visibility, str):
+        visibility = data.get("visibility")
+    return visibility == PENDING_BACKUP or data.get("backupPending") is True
 
 
 def sequence_of(envelope: dict[str, Any]) -> int | None:

@@ -8,7 +8,7 @@ bounded in size too, not only in count: a run id is remembered by its SHA-256
 and writes it; nothing here touches a file.
 
 Every change a run makes to the record is a named ``Mutation`` (``RecordIds``,
-``CommitInterrupts``, ``AcceptAnswer``, ``RetireExecution``): a small value the run
+``CommitInterrupts``, ``AcceptAnswer``, ``RetireExecution``, ``RunBegan``, ``RunEnded``): a small value the run
 machine returns and the driver applies under the record lock, read-modify-write. A
 mutation that finds the record moved on (the execution was cancelled meanwhile)
 either does nothing or raises ``StaleExecution``, whichever its contract says.
@@ -25,6 +25,8 @@ SCHEMA_VERSION = 1
 MAX_RUN_DIGESTS = 1000
 MAX_APPLIED_ANSWERS = 500
 MAX_TERMINAL_EXECUTIONS = 200
+#: The thread's recent runs kept for ``GET /threads/{threadId}`` (oldest first).
+MAX_RUNS = 50
 
 
 _RUN_KEY = re.compile(r"[0-9a-f]{64}")
@@ -146,6 +148,59 @@ class Execution:
 
 
 @dataclass
+class RunEntry:
+    """One run of the thread, as ``GET /threads/{threadId}`` lists it (plus what
+    ``GET /threads/{threadId}/messages`` needs to give messages the ids the run streamed:
+    its mode, the kernel task it drove, the tool calls its interrupts asked about)."""
+
+    run_id: str
+    started_at: str  # RFC 3339, UTC
+    mode: str  # turn | resume | guidance | pipeline
+    outcome: str | None = None  # success | interrupt | error; None while running
+    error_code: str | None = None
+    ended_at: str | None = None
+    task_id: str | None = None
+    interrupt_tool_calls: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runId": self.run_id,
+            "startedAt": self.started_at,
+            "mode": self.mode,
+            "outcome": self.outcome,
+            "errorCode": self.error_code,
+            "endedAt": self.ended_at,
+            "taskId": self.task_id,
+            "interruptToolCalls": self.interrupt_tool_calls,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunEntry:
+        if not isinstance(data, dict):
+            raise RecordError("malformed run entry")
+        return cls(
+            run_id=_req_str(data.get("runId")),
+            started_at=_req_str(data.get("startedAt")),
+            mode=_req_str(data.get("mode")),
+            outcome=_opt_str(data.get("outcome")),
+            error_code=_opt_str(data.get("errorCode")),
+            ended_at=_opt_str(data.get("endedAt")),
+            task_id=_opt_str(data.get("taskId")),
+            interrupt_tool_calls=[str(t) for t in data.get("interruptToolCalls") or []],
+        )
+
+    def public(self) -> dict[str, Any]:
+        """The entry as ``GET /threads/{threadId}`` shows it."""
+        return {
+            "runId": self.run_id,
+            "outcome": self.outcome,
+            "errorCode": self.error_code,
+            "startedAt": self.started_at,
+            "endedAt": self.ended_at,
+        }
+
+
+@dataclass
 class ThreadRecord:
     """Everything the adapter must remember about one AG-UI thread."""
 
@@ -159,6 +214,8 @@ class ThreadRecord:
     applied_answers: list[dict[str, str]] = field(default_factory=list)
     # executionId -> rosInvocationId of executions that ended (bounded, oldest first)
     terminal_executions: dict[str, str] = field(default_factory=dict)
+    # the last MAX_RUNS runs, oldest first (``RunEntry``): ids, times, outcomes; never text
+    runs: list[RunEntry] = field(default_factory=list)
 
     def remember_run(self, run_id: str, digest: str) -> None:
         self.run_digests.remember(run_id, digest, MAX_RUN_DIGESTS)
@@ -206,6 +263,7 @@ class ThreadRecord:
             "runDigests": dict(self.run_digests),
             "appliedAnswers": self.applied_answers,
             "terminalExecutions": self.terminal_executions,
+            "runs": [entry.to_json() for entry in self.runs],
         }
 
     @classmethod
@@ -225,6 +283,7 @@ class ThreadRecord:
                 run_digests=RunDigests.from_json(data.get("runDigests")),
                 applied_answers=[dict(a) for a in data.get("appliedAnswers") or []],
                 terminal_executions={str(k): str(v) for k, v in (data.get("terminalExecutions") or {}).items()},
+                runs=[RunEntry.from_json(entry) for entry in data.get("runs") or []],
             )
         except RecordError:
             raise
@@ -343,3 +402,42 @@ class RetireExecution:
         if self.task_id and not execution.task_id:
             execution.task_id = self.task_id
         record.retire_execution()
+
+
+@dataclass(frozen=True)
+class RunBegan:
+    """A run was admitted: it joins the thread's recent runs (the oldest beyond MAX_RUNS
+    leaves). Applied by admission to the record it writes."""
+
+    run_id: str
+    started_at: str
+    mode: str
+
+    durable: ClassVar[bool] = True
+
+    def apply(self, record: ThreadRecord) -> None:
+        record.runs.append(RunEntry(self.run_id, self.started_at, self.mode))
+        del record.runs[:-MAX_RUNS]
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """A run ended: its outcome, error code and end time (and the kernel task it drove).
+    Not synced to disk: it is what a client is shown, not what the contract rests on."""
+
+    run_id: str
+    outcome: str
+    ended_at: str
+    error_code: str | None = None
+    task_id: str | None = None
+    interrupt_tool_calls: tuple[str, ...] = ()
+
+    durable: ClassVar[bool] = False
+
+    def apply(self, record: ThreadRecord) -> None:
+        for entry in reversed(record.runs):
+            if entry.run_id == self.run_id:
+                entry.outcome, entry.error_code, entry.ended_at = self.outcome, self.error_code, self.ended_at
+                entry.task_id = self.task_id or entry.task_id
+                entry.interrupt_tool_calls = list(self.interrupt_tool_calls)
+                return

@@ -36,12 +36,15 @@ disconnect within a fraction of a second. Under other servers the next write tel
 (a heartbeat at the latest).
 
 What operators see of a run is counted here too, cheaply: events and bytes per written
-chunk (one add each, never per event), the time to the first event after RUN_STARTED,
-the outcome at ``Finish`` (``metrics``), a client gone before the end; and one log line
-sums the run up (outcome, error code, events, bytes, duration) just before its final
-chunk is handed to the server, or when the body is closed if none was (abandoned).
+chunk (one add each, never per event), the time to the first event after RUN_STARTED and
+the run's duration, both observed at ``Finish`` by run mode and outcome (``metrics``), a
+client gone before the end, a run going on detached; and one log line sums the run up
+(outcome, error code, events, bytes, duration) just before its final chunk is handed to
+the server, or when the body is closed if none was (abandoned).
 While the body is iterated or closed, ``RUN_IDS`` holds the run's thread and run ids, so
-every log line of the run (the machine's, the kernel pump's) carries them (``logs``).
+every log line of the run (the machine's, the kernel pump's) carries them (``logs``), and
+the run's span (``tracing``, when on) is current, so that its kernel calls and state writes
+are its children; the span ends with the run.
 """
 
 from __future__ import annotations
@@ -57,13 +60,16 @@ from typing import TYPE_CHECKING, Any
 from . import events as ev
 from . import run_effects as fx
 from .a2a import FrameReader, KernelRejected, KernelUnavailable
+from .errors import Code
 from .events import Event
+from .interrupts import rfc3339
 from .journal import JournalWriter
 from .logs import RUN_IDS
 from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
-from .record import Mutation, RetireExecution, StaleExecution
+from .record import Mutation, RetireExecution, RunEnded, StaleExecution
 from .run_machine import RunMachine
 from .store import StoreError
+from .tracing import NO_TRACE
 from .translate import BUSY_STATES, inspect_frame
 
 if TYPE_CHECKING:
@@ -110,6 +116,10 @@ class RunDriver:
         self._metrics = engine.metrics
         self._ids = (self.thread_id, self.run_id)
         self._admitted = time.monotonic()
+        self._mode = admission.run_mode
+        self._trace = admission.trace if admission.trace is not None else NO_TRACE
+        self._trace.set(mode=self._mode)
+        self._first_event: float | None = None  # seconds from admission to the first event after RUN_STARTED
         self._events = 0  # events encoded for the client
         self._bytes = 0  # bytes handed to the server (heartbeats included)
         self._finish: fx.Finish | None = None
@@ -135,6 +145,7 @@ class RunDriver:
     def __next__(self) -> bytes:
         self._began = True
         token = RUN_IDS.set(self._ids)
+        trace = self._trace.attach()
         try:
             while True:
                 if self._hung_up():
@@ -143,6 +154,7 @@ class RunDriver:
                 if chunk is not _IDLE:
                     break
         finally:
+            self._trace.detach(trace)
             RUN_IDS.reset(token)
         if chunk is not ev.HEARTBEAT:
             self._journal_chunk(chunk)
@@ -155,6 +167,7 @@ class RunDriver:
         readers follow it; else it ends here."""
         token = RUN_IDS.set(self._ids)
         self._watch = self._client_gone = None  # the connection may serve other requests now
+        trace = self._trace.attach()
         try:
             if self._detachable():
                 self._detach()
@@ -169,6 +182,7 @@ class RunDriver:
             finally:
                 self._wind_up()
         finally:
+            self._trace.detach(trace)
             RUN_IDS.reset(token)
 
     def _wind_up(self) -> None:
@@ -183,6 +197,20 @@ class RunDriver:
             self.engine.run_ended(self)
             if not self._summarized:  # abandoned: no final chunk was written
                 self._log_summary(self._bytes)
+            finish = self._finish
+            outcome = finish.outcome.value if finish is not None else "abandoned"
+            self._trace.end(
+                error=(finish.code or "error") if outcome == "error" and finish is not None else None,
+                outcome=outcome,
+                error_code=finish.code if finish is not None else None,
+                events_sent=self._events,
+                bytes_sent=self._bytes,
+            )
+
+    @property
+    def client_attached(self) -> bool:
+        """Whether the run's own client still reads it (a run without a journal)."""
+        return not self._detached
 
     def shut_down(self, *, hand_over: bool = False) -> None:
         """From another thread: end the run now with its final event (``shutting_down``), or,
@@ -305,7 +333,8 @@ class RunDriver:
         if to_client and not self._detached:
             self._metrics.events_sent(count)
             if before < 2 <= self._events:  # the first event after RUN_STARTED
-                self._metrics.first_event(time.monotonic() - self._admitted)
+                self._first_event = time.monotonic() - self._admitted
+                self._trace.first_event()
         chunk = ev.encode_many(out, before + 1)
         if out and out[-1]["type"] in _TERMINAL:
             self._terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
@@ -408,6 +437,7 @@ class RunDriver:
             self.engine.settings.disconnect_grace_seconds,
         )
         self._detached = True
+        self._metrics.run_detached()
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
         context = contextvars.copy_context()  # the request's id stays on the run's log lines
         thread = threading.Thread(
@@ -457,6 +487,7 @@ class RunDriver:
                 if not self.machine.ended and not self._handed_over:
                     self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
+                self._metrics.detached_run_ended()
                 self._wind_up()
                 RUN_IDS.reset(token)
 
@@ -493,8 +524,24 @@ class RunDriver:
         elif isinstance(effect, fx.Finish):
             self._finish = effect
             self._duration = time.monotonic() - self._admitted
-            self._metrics.run_finished(effect.outcome.value, effect.code, self._duration)
+            self._metrics.run_finished(
+                effect.outcome.value, effect.code, self._duration, self._mode, self._first_event
+            )
+            self._record_end(effect)
         return None
+
+    def _record_end(self, finish: fx.Finish) -> None:
+        """The run's outcome in the thread's recent runs (``GET /threads/{threadId}``), written
+        before its final events reach the client; a run whose client left ends ``CANCELLED``."""
+        outcome, code = finish.outcome.value, finish.code
+        if finish.outcome is fx.Outcome.ABANDONED:
+            outcome, code = fx.Outcome.ERROR.value, code or Code.CANCELLED
+        tool_calls: tuple[str, ...] = ()
+        if finish.outcome is fx.Outcome.INTERRUPT:
+            pending = self.machine.record.execution.pending.values()
+            tool_calls = tuple(str(p.interrupt.get("toolCallId")) for p in pending if p.interrupt.get("toolCallId"))
+        ended = RunEnded(self.run_id, outcome, rfc3339(self._clock()), code, self.machine.task_id, tool_calls)
+        self._persist(fx.Persist(ended))
 
     def _log_summary(self, sent: int) -> None:
         """The run's one summary line (its fields also as structured extras for JSON logs);

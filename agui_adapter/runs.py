@@ -39,13 +39,15 @@ from .adoption import Adoption
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError, Code
+from .interrupts import rfc3339
 from .journal import JournalReader, JournalStore, ReplayUnavailable, RunNotFound
 from .metrics import Metrics
-from .record import Execution, RetireExecution, ThreadRecord
+from .record import Execution, RetireExecution, RunBegan, ThreadRecord
 from .run_driver import RunDriver
 from .run_effects import Mode
 from .run_machine import RunMachine
 from .store import RunLock, StoreError, ThreadStore
+from .tracing import Tracing
 from .translate import TERMINAL_STATES, inspect_frame
 from .validation import RunInput, request_digest
 from .workspace import Workspaces, ensure_workspace
@@ -65,6 +67,11 @@ def context_id_for(thread_id: str) -> str:
     return "agui-" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()[:40]
 
 
+def run_mode_name(mode: Mode, run_mode: str | None) -> str:
+    """What ``GET /threads/{threadId}`` calls a run: turn, resume, guidance or pipeline."""
+    return "pipeline" if mode is Mode.TURN and run_mode == "pipeline" else mode.value
+
+
 @dataclass
 class Admission:
     """An admitted run, holding its thread's run lock until it ends."""
@@ -76,6 +83,14 @@ class Admission:
     mode: Mode
     parts: list[dict[str, Any]] = field(default_factory=list)
     stale_task_id: str | None = None  # a task of the thread's previous execution that may still run
+    trace: Any = None  # the run's span (``tracing``), set by the HTTP edge
+
+    @property
+    def run_mode(self) -> str:
+        """The run's mode as operators see it: turn, resume, guidance, or pipeline (a pipeline's turn)."""
+        if self.mode is Mode.TURN and self.run_input.props.run_mode == "pipeline":
+            return "pipeline"
+        return self.mode.value
 
     @property
     def thread_id(self) -> str:
@@ -98,6 +113,7 @@ class RunEngine:
         clock: Callable[[], float] = time.time,
         env: dict[str, str] | None = None,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
         adopt_orphans: bool = True,
     ) -> None:
         self.store = store
@@ -105,6 +121,7 @@ class RunEngine:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics if metrics is not None else Metrics()
+        self.tracing = tracing if tracing is not None else Tracing()
         self._env = dict(os.environ if env is None else env)
         self._live: set[RunDriver] = set()  # runs whose body is open; each holds a run slot
         self._live_lock = threading.Lock()
@@ -187,6 +204,7 @@ class RunEngine:
                         stale_task_id = record.execution.task_id
                     record.start_execution(str(uuid.uuid4()), props.ros_invocation_id)
                 record.remember_run(run_input.run_id, digest)
+                RunBegan(run_input.run_id, rfc3339(self.clock()), run_mode_name(mode, props.run_mode)).apply(record)
                 ensure_workspace(cwd)
                 self.store.save(record)
         except BaseException as exc:  # refused: the thread is given back at once
@@ -379,6 +397,13 @@ class RunEngine:
         if live:  # once per run, however often its body is closed
             self.metrics.run_closed()
             self._run_slots.release()
+
+    def live_driver(self, thread_id: str) -> RunDriver | None:
+        """This process's live run of the thread: the one holding it, else a guidance run."""
+        with self._live_lock:
+            drivers = [d for d in self._live if d.thread_id == thread_id and not d.machine.ended]
+        drivers.sort(key=lambda d: d.machine.mode is Mode.GUIDANCE)
+        return drivers[0] if drivers else None
 
     def live_runs(self) -> int:
         with self._live_lock:

@@ -13,30 +13,60 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, logs
+from . import __version__, logs, state_gauges
 from .a2a import KernelClient
 from .config import KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ON_SHUTDOWN_CHOICES, ConfigError, Settings, load_settings
+from .decode_budget import DECODES, map_large_allocations
+from .kernel_calls import KernelCalls
 from .kernels import KernelProcess, KernelStartError, start_kernel
 from .metrics import Metrics
 from .retention import start_retention
 from .runs import RunEngine
 from .serving import ServerLimits, WSGIServer
 from .store import ThreadStore
+from .tracing import Tracing, from_environment
 from .web import AguiApp
 
 log = logging.getLogger("agui_adapter")
 
 
-def build_app(settings: Settings, kernel: KernelProcess) -> AguiApp:
-    """The WSGI application for these settings, talking to ``kernel``."""
+#: ``agui_build_info{kernel}``: what ``KernelProcess.kind`` means to an operator.
+def build_app(settings: Settings, kernel: KernelProcess, *, tracing: Tracing | None = None) -> AguiApp:
+    """The WSGI application for these settings, talking to ``kernel``; tracing as the
+    environment says (``tracing.from_environment``) unless given."""
     client = KernelClient(kernel.url, kernel.token or None)
     store = ThreadStore(settings.resolved_state_dir())
     metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
-    engine = RunEngine(store, client, settings, metrics=metrics)
-    return AguiApp(engine, auth_token=settings.auth_token, default_language=settings.default_language)
+    tracing = tracing if tracing is not None else from_environment()
+    client.calls = KernelCalls(metrics, tracing)
+    engine = RunEngine(store, client, settings, metrics=metrics, tracing=tracing)
+    metrics.describe(__version__, kernel.health_kind, settings.max_runs)
+    metrics.watch_state(
+        lambda: state_gauges.pending_interrupts(store.threads_dir, time.time()),
+        lambda: state_gauges.journal_bytes(engine.journals.root),
+    )
+    store.on_write = _state_write_observer(metrics, tracing)
+    DECODES.configure(settings.image_decode_budget_pixels)
+    map_large_allocations()
+    language = settings.default_language
+    return AguiApp(engine, auth_token=settings.auth_token, default_language=language, kernel_kind=kernel.health_kind)
+
+
+def _state_write_observer(metrics: Metrics, tracing: Tracing) -> Callable[[float, bool], None]:
+    """What the store tells of each write: its latency to the metrics, a span when tracing."""
+    if not tracing.enabled:
+        return metrics.state_written
+
+    def written(seconds: float, durable: bool) -> None:
+        metrics.state_written(seconds, durable)
+        end = time.time_ns()
+        tracing.interval("agui.state_write", end - int(seconds * 1e9), end, durable=durable)
+
+    return written
 
 
 def server_limits(settings: Settings) -> ServerLimits:
@@ -79,6 +109,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS, help="text (default) or json lines")
     parser.add_argument(
+        "--access-log",
+        dest="access_log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one log line per request (default on; env IAC_CODE_AGUI_ACCESS_LOG)",
+    )
+    parser.add_argument(
         "--keepalive-timeout-seconds", dest="keepalive_timeout_seconds", help="idle keep-alive connection lifetime (5)"
     )
     parser.add_argument(
@@ -93,6 +130,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cors-origins", dest="cors_origins", help="browser origins allowed (comma-separated, or *)")
     parser.add_argument("--max-runs", dest="max_runs", help="concurrent runs per process (256)")
+    parser.add_argument(
+        "--image-decode-budget-pixels",
+        dest="image_decode_budget_pixels",
+        help="image pixels decoded at once per process (40000000); beyond: a short wait, then 503",
+    )
     parser.add_argument(
         "--disconnect-grace-seconds",
         dest="disconnect_grace_seconds",

@@ -74,6 +74,7 @@ from .connection import (
     RequestBody,
     Response,
 )
+from .faults import describe
 from .http11 import CONTINUE, ProtocolError, Request, error_response, http_date, parse_request_head
 
 log = logging.getLogger("agui_adapter.serving")
@@ -177,6 +178,9 @@ class WSGIServer:
             http_date(time.time()),
             [("Retry-After", str(self.limits.retry_after_seconds))],
         )
+        served_by = getattr(app, "served_by", None)
+        if callable(served_by):  # the app may watch the server (its open connections, for /metrics)
+            served_by(self)
 
     # ================================================================== accept loop
     def serve_forever(self, poll_interval: float | None = None) -> None:
@@ -288,6 +292,11 @@ class WSGIServer:
             pass
         for conn in idle:
             conn.abort()
+
+    def open_connections(self) -> int:
+        """How many connections are open (reserve ones included); cheap enough for every scrape."""
+        with self._lock:
+            return self._regular + self._reserve
 
     def connections(self) -> list[ConnectionInfo]:
         """The open connections (reserve ones included)."""
@@ -471,21 +480,21 @@ class WSGIServer:
         except BodyError as err:
             response.keep_alive = False
             self._failed(conn, response, err.status, err.code, str(err), quiet=True)
-        except Exception:  # noqa: BLE001 - the application failed: 500 if nothing was sent yet
+        except Exception as exc:  # noqa: BLE001 - the application failed: 500 if nothing was sent yet
             response.keep_alive = False
             if body.error is not None:
                 err = body.error
                 self._failed(conn, response, err.status, err.code, str(err), quiet=True)
             else:
-                log.exception("%s %s failed", req.method, req.path)
+                log.error("%s %.200s failed: %s", req.method, req.path, describe(exc))
                 self._failed(conn, response, 500, "INTERNAL_ERROR", "The server failed to answer.", quiet=False)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
                 try:
                     close()
-                except Exception:  # noqa: BLE001 - log it; the connection goes on
-                    log.exception("closing the response of %s %s failed", req.method, req.path)
+                except Exception as exc:  # noqa: BLE001 - log it; the connection goes on
+                    log.error("closing %s %.200s failed: %s", req.method, req.path, describe(exc))
                     response.keep_alive = False
 
     def _failed(self, conn: Connection, response: Response, status: int, code: str, message: str, quiet: bool) -> None:

@@ -411,7 +411,8 @@ class RunTranslator:
         return ev.activity_snapshot(ts, self._fresh(f"pipeline:{pipeline_run_id}"), pl.PIPELINE_EVENT, content)
 
     def map_envelope(self, envelope: dict[str, Any], ts: int, out: list[Event]) -> None:
-        """One pipeline envelope (live or recovered from the journal), at most once."""
+        """One pipeline envelope (live or recovered from the journal), at most once; never a
+        publication still pending the kernel's backup (``pipeline.is_pending_publication``)."""
         self.pipeline_seen = True
         event_id = envelope.get("eventId")
         sequence = pl.sequence_of(envelope)
@@ -423,6 +424,8 @@ class RunTranslator:
             if self.pipeline.seen(sequence):
                 return
             self.pipeline.mark(sequence)
+        if pl.is_pending_publication(envelope):  # handled (not sent): its committed twin is
+            return
         envelope = normalize_numbers(envelope)
         run_id = envelope.get("pipelineRunId")
         if self.pipeline.run_id is None and isinstance(run_id, str) and run_id:

@@ -8,31 +8,40 @@ run's generator, returned as the WSGI iterable itself so that servers call its
 ``close()`` when the client goes away.
 
 Every request has an id: the client's ``X-Request-ID`` when it is printable ASCII of at
-most 128 characters, else a fresh one. It is echoed on every response and, through a
-context variable read by a log record factory installed with the app, appended to every
-log line written while the request is handled, its SSE body's iterations included (the
-server iterates the body later, so the body is wrapped to set the id around each step).
+most 128 characters, else a fresh one. It is echoed on every response, passed on to the
+kernel (``kernel_calls``) and, through a context variable read by a log record factory
+installed with the app, appended to every log line written while the request is handled,
+its SSE body's iterations included (the server iterates the body later, so the body is
+wrapped to set the id around each step: ``access_log.ResponseBody``, which also writes the
+request's access line when the response is over). Once a request names its thread and run
+(a run, a reattach, a cancel), every line of it carries their ids (``logs.RUN_IDS``),
+refusals included. With tracing on (``tracing``), each request is a span continuing the
+client's ``traceparent``, and a run's admission a child of the run's span.
 
 CORS (``cors_origins``; none by default, and then no CORS header at all): a preflight
 ``OPTIONS`` on a known route is answered 204 before auth (a preflight never carries the
 bearer token), with the ``Access-Control-Allow-*`` headers only when the ``Origin`` is
 allowed; every actual response to an allowed origin carries ``Access-Control-Allow-Origin``
-(the origin itself) and exposes ``X-Request-ID`` and ``Retry-After``.
+(the origin itself) and exposes ``X-Request-ID`` and ``Retry-After``. Only a valid serialized
+origin (``scheme://host[:port]``, ASCII, no control byte) is ever allowed, and so reflected,
+whatever ``cors_origins`` says (``*`` included): anything else (``null``, a path, a bare CR
+that another server let through) is answered as an origin not allowed.
 """
 
 from __future__ import annotations
 
-import contextvars
 import hmac
 import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qs
 
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -40,16 +49,20 @@ from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
-from . import PROTOCOL_VERSION, __version__, console_page
+from . import PROTOCOL_VERSION, __version__, client_modules, console_page, logs
 from . import events as ev
 from . import messages as msg
 from .a2a import KernelClient
+from .access_log import IDS_KEY, Exchange, ResponseBody
 from .connection import CLIENT_GONE_KEY
 from .errors import AguiError, Code
+from .faults import describe
 from .i18n import negotiate_language, translate
 from .journal import JournalReader, ReplayUnavailable, follow
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .runs import RunEngine
+from .runs import Admission, RunEngine
+from .threads import ThreadViews, check_path_header
+from .tracing import Tracing
 from .validation import (
     check_json_text,
     check_thread_header,
@@ -70,8 +83,8 @@ ROUTE_KEY = "agui_adapter.route"
 
 MAX_REQUEST_ID = 128
 REQUEST_ID_HEADER = "X-Request-ID"
-#: The id of the request being handled on this thread (None outside a request).
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("agui_request_id", default=None)
+#: The id of the request being handled on this thread (None outside a request); kept in ``logs``.
+REQUEST_ID = logs.REQUEST_ID
 _REQUEST_IDS = random.Random(os.urandom(32))
 # forked workers (gunicorn --preload) must not all make the same ids
 os.register_at_fork(after_in_child=lambda: _REQUEST_IDS.seed(os.urandom(32)))
@@ -93,6 +106,12 @@ CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After"
 CORS_MAX_AGE = "600"
 _ROUTE_METHODS = {"run": "POST, OPTIONS", "cancel": "POST, OPTIONS", "health": "GET, HEAD, OPTIONS"}
 _ROUTE_METHODS["ready"] = _ROUTE_METHODS["events"] = _ROUTE_METHODS["health"]
+_ROUTE_METHODS["thread"] = _ROUTE_METHODS["messages"] = _ROUTE_METHODS["health"]
+_ROUTE_METHODS["client_module"] = _ROUTE_METHODS["health"]
+_SERIALIZED_ORIGIN = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?"
+)
+"""An origin as browsers serialize it (RFC 6454 6.2): the only ``Origin`` ever reflected."""
 
 
 class CorsPolicy:
@@ -105,7 +124,9 @@ class CorsPolicy:
         self.origins = frozenset(items)
 
     def allows(self, origin: str) -> bool:
-        return bool(origin) and (self.any_origin or origin.lower() in self.origins)
+        if not origin or len(origin) > 512 or not _SERIALIZED_ORIGIN.fullmatch(origin):
+            return False  # never reflected: no header can carry it safely, whatever the setting
+        return self.any_origin or origin.lower() in self.origins
 
     def response_headers(self, origin: str) -> list[tuple[str, str]]:
         """What every actual response carries (``Vary: Origin`` whenever CORS is on)."""
@@ -149,38 +170,6 @@ def install_request_id_logging() -> None:
         _factory_installed = True
 
 
-class RequestScoped:
-    """A WSGI body iterated (and closed) with its request's id set, on whichever thread."""
-
-    def __init__(self, body: Iterable[bytes], request_id: str) -> None:
-        self._body = body
-        self._iterator: Iterator[bytes] = iter(body)
-        self._request_id = request_id
-
-    def __iter__(self) -> RequestScoped:
-        return self
-
-    def __next__(self) -> bytes:
-        token = REQUEST_ID.set(self._request_id)
-        try:
-            return next(self._iterator)
-        finally:
-            REQUEST_ID.reset(token)
-
-    def close(self) -> None:
-        close = getattr(self._body, "close", None)
-        if close is None:
-            return
-        token = REQUEST_ID.set(self._request_id)
-        try:
-            close()
-        finally:
-            REQUEST_ID.reset(token)
-
-    def __getattr__(self, name: str) -> Any:  # anything else a server may ask the body
-        return getattr(self._body, name)
-
-
 SSE_HEADERS = [
     ("Content-Type", "text/event-stream; charset=utf-8"),
     ("Cache-Control", "no-cache"),
@@ -200,6 +189,9 @@ URLS = Map(
             methods=["POST"],
         ),
         Rule("/threads/<path:thread_id>/runs/<path:run_id>/events", endpoint="events", methods=["GET"]),
+        Rule("/threads/<path:thread_id>/messages", endpoint="messages", methods=["GET"]),
+        Rule("/threads/<path:thread_id>", endpoint="thread", methods=["GET"]),
+        *(Rule(path, endpoint="client_module", methods=["GET"]) for path in client_modules.MODULES),
     ],
     strict_slashes=False,
 )
@@ -211,10 +203,23 @@ FIXED_ROUTES = {
     ("/health", "GET"): "health",
     ("/ready", "GET"): "ready",
     ("/metrics", "GET"): "metrics",
+    **{(path, "GET"): "client_module" for path in client_modules.MODULES},
 }
 #: ``Accept`` values that obviously take the stream (parsing them would say the same).
 _STREAM_ACCEPTED = frozenset(("text/event-stream", "*/*", "text/event-stream, */*"))
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
+#: The route of each endpoint as a span names it (never the raw path).
+ROUTE_TEMPLATES = {
+    "run": "/",
+    "console": "/",
+    "health": "/health",
+    "ready": "/ready",
+    "metrics": "/metrics",
+    "cancel": "/extensions/iac-code/v1/executions/{executionId}/cancel",
+    "events": "/threads/{threadId}/runs/{runId}/events",
+    "thread": "/threads/{threadId}",
+    "messages": "/threads/{threadId}/messages",
+}
 
 
 def json_response(
@@ -262,40 +267,73 @@ class Replay:
 class AguiApp:
     """The WSGI application."""
 
-    def __init__(self, engine: RunEngine, *, auth_token: str = "", default_language: str = "en") -> None:
+    def __init__(
+        self, engine: RunEngine, *, auth_token: str = "", default_language: str = "en", kernel_kind: str = "external"
+    ) -> None:
         self.engine = engine
+        self.kernel_kind = kernel_kind  # /health's "kernel": scripted | iac-code | external
         self.kernel: KernelClient = engine.kernel
         self._auth_token = auth_token.encode("utf-8") if auth_token else b""
         self.default_language = default_language
         self.cors = CorsPolicy(getattr(engine.settings, "cors_origins", ""))
+        self.access_log = bool(getattr(engine.settings, "access_log", True))
+        self.tracing: Tracing = getattr(engine, "tracing", None) or Tracing()
+        self.threads = ThreadViews(engine)
         install_request_id_logging()
+
+    def served_by(self, server: Any) -> None:
+        """The built-in server hands itself over (``serving``): its open connections and
+        their limit become gauges of ``/metrics``."""
+        self.engine.metrics.watch_connections(server.open_connections, server.limits.max_connections)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = request_id_for(environ)
         origin = environ.get("HTTP_ORIGIN", "")
         edge_headers = [(REQUEST_ID_HEADER, request_id), *self.cors.response_headers(origin)]
+        exchange = Exchange(environ, request_id, self.tracing.request(environ))
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             self.engine.metrics.http_request(environ.get(ROUTE_KEY, "unmatched"), status[:3])
+            exchange.status = int(status[:3]) if status[:3].isdigit() else 0
             return start_response(status, list(headers) + edge_headers, exc_info)
 
         token = REQUEST_ID.set(request_id)
+        ids_token = logs.RUN_IDS.set(None)  # the handler sets them once it knows them
+        trace_token = exchange.trace.attach()
         try:
+            body: Iterable[bytes] | None = None
             if self.cors.enabled and environ.get("REQUEST_METHOD") == "OPTIONS":
-                preflight = self._preflight(environ, start, origin)
-                if preflight is not None:
-                    return preflight
-            body = self._dispatch(environ, start)
+                body = self._preflight(environ, start, origin)
+            if body is None:
+                body = self._dispatch(environ, start)
             if environ.get("REQUEST_METHOD") == "HEAD":
                 # HEAD is answered like GET (/health, /ready) or refused like any other
                 # method, but never with a body, whatever the server does about it.
                 close = getattr(body, "close", None)
                 if close is not None:
                     close()
-                return []
+                body = []
+        except BaseException:
+            exchange.trace.end(error="the application failed")
+            raise
         finally:
+            endpoint = environ.get(ROUTE_KEY)
+            if endpoint is not None:
+                route = ROUTE_TEMPLATES.get(endpoint, endpoint)
+                exchange.trace.rename(f"{environ.get('REQUEST_METHOD', '')} {route}")
+            exchange.trace.detach(trace_token)
+            logs.RUN_IDS.reset(ids_token)
             REQUEST_ID.reset(token)
-        return body if isinstance(body, list) else RequestScoped(body, request_id)
+        if isinstance(body, list) and not self.access_log and not self.tracing.enabled:
+            return body  # nothing to do when it is over
+        return ResponseBody(body, exchange, access_log=self.access_log, route_key=ROUTE_KEY)
+
+    @staticmethod
+    def _known_ids(environ: dict[str, Any], thread_id: str, run_id: str | None) -> None:
+        """From here on, this request's log lines and its access line carry these ids."""
+        ids = (thread_id, run_id)
+        environ[IDS_KEY] = ids
+        logs.RUN_IDS.set(ids)  # reset by ``__call__`` when the app returns
 
     def _dispatch(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), None, self.default_language)
@@ -329,13 +367,18 @@ class AguiApp:
                 return self.run(environ, start_response, language)
             if endpoint == "console":
                 return self.console(environ, start_response, language)
+            if endpoint == "client_module":
+                return self.client_module(environ, start_response)
             if endpoint == "events":
                 return self.events(environ, start_response, language, args["thread_id"], args["run_id"])
+            if endpoint == "thread" or endpoint == "messages":
+                return self.thread(environ, start_response, str(endpoint), args["thread_id"])
             return self.cancel(environ, start_response, language, args["execution_id"])
         except AguiError as err:
             return self._error(start_response, language, err)
-        except Exception:  # noqa: BLE001 - always answer JSON, never a bare 500
-            log.exception("unexpected failure on %s", environ.get("PATH_INFO"))
+        except Exception as exc:  # noqa: BLE001 - always answer JSON, never a bare 500
+            # one bounded line (no traceback: it may quote the input, frame after frame)
+            log.error("unexpected failure on route %s: %s", endpoint, describe(exc))
             return self._error(start_response, language, AguiError(Code.INTERNAL_ERROR, msg.INTERNAL_ERROR))
 
     def _preflight(self, environ: dict[str, Any], start: StartResponse, origin: str) -> list[bytes] | None:
@@ -465,6 +508,7 @@ class AguiApp:
                 "protocolVersion": PROTOCOL_VERSION,
                 "reattach": True,
                 "readers": "many",
+                "kernel": self.kernel_kind,
                 "adoption": True,  # a run whose adapter process went is taken over by the next
                 "disconnectGraceSeconds": self.engine.settings.disconnect_grace_seconds,
                 "replayRetentionSeconds": self.engine.settings.replay_retention_seconds,
@@ -493,6 +537,18 @@ class AguiApp:
         start_response("200 OK", console_page.PAGE_HEADERS + [("Content-Length", str(len(body)))])
         return [body]
 
+    def client_module(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """``GET /agui-adapter-client.mjs`` and ``/agui-adapter-agent.mjs`` (``client_modules.py``)."""
+        path = environ.get("PATH_INFO", "").rstrip("/")
+        if path not in client_modules.MODULES:  # a variant the map let through
+            raise AguiError(Code.NOT_FOUND, msg.NOT_FOUND)
+        body, etag = client_modules.module(path)
+        if client_modules.not_modified(environ.get("HTTP_IF_NONE_MATCH", ""), etag):
+            start_response("304 Not Modified", client_modules.headers(etag, modified=False))
+            return []
+        start_response("200 OK", client_modules.headers(etag) + [("Content-Length", str(len(body)))])
+        return [body]
+
     def run(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> Iterable[bytes]:
         self._check_auth(environ)
         self._check_content_type(environ)
@@ -504,7 +560,9 @@ class AguiApp:
             language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
         try:
             check_json_text(payload, body)
+            body = b""  # the payload is all that is used from here (a body with images is MiBs)
             run_input = validate_run_input(payload)
+            self._known_ids(environ, run_input.thread_id, run_input.run_id)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
             after = last_event_id(environ)
             if after is not None:  # a reattach, if the thread knows this run with this body
@@ -514,7 +572,7 @@ class AguiApp:
                     gone = environ.get(CLIENT_GONE_KEY)
                     thread_id, run_id = run_input.thread_id, run_input.run_id
                     return self._replay(start_response, reader, language, gone, thread_id, run_id)
-            admission = self.engine.admit(run_input, language)
+            admission = self._admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
@@ -530,6 +588,18 @@ class AguiApp:
             raise
         return body
 
+    def _admit(self, run_input: Any, language: str) -> Admission:
+        """``engine.admit`` as the first step of the run's span (``tracing``)."""
+        trace = self.tracing.run(run_input.thread_id, run_input.run_id)
+        try:
+            with trace.step("agui.admission"):
+                admission = self.engine.admit(run_input, language)
+        except BaseException as exc:
+            trace.end(error=str(getattr(exc, "code", "") or type(exc).__name__))
+            raise
+        admission.trace = trace
+        return admission
+
     def events(
         self, environ: dict[str, Any], start_response: StartResponse, language: str, thread_id: str, run_id: str
     ) -> Iterable[bytes]:
@@ -537,6 +607,7 @@ class AguiApp:
         after ``Last-Event-ID`` (from its first event without one), then live, followed by
         any number of readers at once. 204 when the reader already has all of an ended run
         (what stops a browser's ``EventSource`` from reconnecting)."""
+        self._known_ids(environ, thread_id, run_id)
         self._check_auth(environ)
         self._check_accept(environ)
         after = last_event_id(environ) or 0
@@ -560,6 +631,19 @@ class AguiApp:
             return []
         self.engine.attach_reader(thread_id, run_id, reader)
         return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY), thread_id, run_id)
+
+    def thread(
+        self, environ: dict[str, Any], start_response: StartResponse, endpoint: str, thread_id: str
+    ) -> list[bytes]:
+        """``GET /threads/{threadId}`` and ``GET /threads/{threadId}/messages`` (``threads``)."""
+        self._check_auth(environ)
+        check_path_header(environ.get("HTTP_X_AGUI_THREAD_ID"), thread_id)
+        if endpoint == "thread":
+            self.engine.adoption.thread(thread_id)  # a run of it whose process went: adopted, shown live
+            return json_response(start_response, 200, self.threads.show(thread_id))
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        limit, before = query.get("limit", [None])[0], query.get("before", [None])[0]
+        return json_response(start_response, 200, self.threads.messages(thread_id, limit, before))
 
     def _replay(
         self,
@@ -605,5 +689,6 @@ class AguiApp:
         thread_id, ros_id = payload.get("threadId"), payload.get("rosInvocationId")
         if not (isinstance(thread_id, str) and thread_id and isinstance(ros_id, str) and ros_id):
             raise AguiError(Code.INVALID_INPUT, msg.CANCEL_FIELDS_REQUIRED)
+        self._known_ids(environ, thread_id, None)
         status = self.engine.cancel_execution(thread_id, ros_id, execution_id)
         return json_response(start_response, 200, {"executionId": execution_id, "status": status})

@@ -29,6 +29,7 @@ still expanded, as the contract's examples and upstream allow.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from agui_adapter import messages
 from agui_adapter.errors import AguiError, Code
+from agui_adapter.faults import describe
 
 __all__ = ["CWD_FIELD", "ROOT_VARIABLES", "Workspaces", "allowed_roots", "ensure_workspace", "resolve_workspace"]
 
@@ -45,6 +47,16 @@ ROOT_VARIABLES = ("IAC_CODE_AGUI_ALLOWED_CWDS", "IACCODE_A2A_ALLOWED_CWDS")
 
 #: The field every workspace error names, as the envelope's field errors name theirs.
 CWD_FIELD = "forwardedProps.iacCode.cwd"
+
+#: The longest workspace path accepted, in UTF-8 bytes (Linux's PATH_MAX less the NUL), and
+#: the most components it may have: a deeper path is no workspace anyone works in, and
+#: creating it would cost one directory per component.
+MAX_CWD_BYTES = 4095
+MAX_CWD_DEPTH = 128
+#: The longest component (a file name: Linux's NAME_MAX, in bytes).
+MAX_NAME_BYTES = 255
+
+log = logging.getLogger("agui_adapter.workspace")
 
 
 def _invalid(template: str) -> AguiError:
@@ -96,7 +108,20 @@ def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] 
         resolved_reserved = [_real(os.path.abspath(path)) for path in reserved]
     except (OSError, RuntimeError, ValueError):
         raise _invalid(messages.CWD_INVALID) from None
-    return _check(raw, resolved_roots, resolved_reserved)
+    return _refused_on_failure(lambda: _check(raw, resolved_roots, resolved_reserved), messages.CWD_INVALID)
+
+
+def _refused_on_failure(check: Callable[[], Path], template: str) -> Path:
+    """``check()``, with any failure but a refusal turned into one: whatever the client's
+    path makes the standard library raise (a ``RecursionError``, an ``OSError``, a
+    ``ValueError``...) is a 400 naming the field, logged as one bounded line."""
+    try:
+        return check()
+    except AguiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no workspace path reaches a 500
+        log.info("workspace refused: %s", describe(exc))
+        raise _invalid(template) from None
 
 
 def _real(path: str) -> Path:
@@ -107,7 +132,7 @@ def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
     """``resolve_workspace`` with ``roots`` and ``reserved`` resolved already."""
     if not isinstance(raw, str) or not raw:
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
-    if "\x00" in raw:
+    if "\x00" in raw or len(raw) > MAX_CWD_BYTES or raw.count("/") > MAX_CWD_DEPTH:
         raise _invalid(messages.CWD_INVALID)
     # os.path.expanduser leaves an unknown ~user alone (pathlib would raise), which then
     # fails the absolute check below.
@@ -118,6 +143,10 @@ def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
         resolved = _real(os.path.normpath(expanded))
     except (OSError, RuntimeError, ValueError):
         raise _invalid(messages.CWD_INVALID) from None
+    if len(os.fsencode(resolved)) > MAX_CWD_BYTES or len(resolved.parts) > MAX_CWD_DEPTH + 1:
+        raise _invalid(messages.CWD_INVALID)
+    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in resolved.parts):
+        raise _invalid(messages.CWD_INVALID)  # refused here, not after creating its parents
     if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
         raise _invalid(messages.CWD_OUTSIDE_ROOTS)
     if any(_overlaps(resolved, path) for path in reserved):
@@ -163,7 +192,7 @@ class Workspaces:
 
     def resolve(self, raw: str) -> Path:
         roots, reserved = self._resolved()
-        return _check(raw, roots, reserved)
+        return _refused_on_failure(lambda: _check(raw, roots, reserved), messages.CWD_INVALID)
 
     def _resolved(self) -> tuple[list[Path], list[Path]]:
         now = self._clock()
@@ -183,9 +212,25 @@ def ensure_workspace(path: Path) -> None:
     """Create the workspace directory (and its parents) if missing.
 
     Call it only once the request is admitted. Raises
-    ``AguiError(Code.INVALID_INPUT, CWD_CANNOT_CREATE)``.
+    ``AguiError(Code.INVALID_INPUT, CWD_CANNOT_CREATE)`` on any failure. The missing
+    directories are made one by one from the nearest existing ancestor down, not by
+    ``Path.mkdir(parents=True)``, which recurses once per missing component.
     """
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        raise _invalid(messages.CWD_CANNOT_CREATE) from None
+    _refused_on_failure(lambda: _make_directories(path), messages.CWD_CANNOT_CREATE)
+
+
+def _make_directories(path: Path) -> Path:
+    missing: list[Path] = []
+    current = path
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+    return path

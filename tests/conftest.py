@@ -62,8 +62,18 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def make_adapter(tmp_path: Path, scripted_kernel: ScriptedKernel) -> Iterator[Any]:
+@pytest.fixture(scope="session")
+def full_scale_kernel() -> Iterator[ScriptedKernel]:
+    """A scripted kernel whose [SLOW]/[SILENT n] take real seconds: for runs that must stay
+    live while a test acts on them."""
+    kernel = ScriptedKernel(KERNEL_TOKEN, delay_scale=1.0)
+    kernel.start()
+    yield kernel
+    kernel.stop()
+
+
+def _adapters(tmp_path: Path, kernel: ScriptedKernel) -> Iterator[Any]:
+    """A factory of in-process adapters on ``kernel``, settings overridable; stopped at the end."""
     started: list[InProcessAdapter] = []
 
     def factory(**overrides: Any) -> InProcessAdapter:
@@ -74,14 +84,23 @@ def make_adapter(tmp_path: Path, scripted_kernel: ScriptedKernel) -> Iterator[An
         )
         settings = replace(base, **overrides)
         STATE_DIRS.append(Path(settings.state_dir))
-        kernel = KernelProcess(scripted_kernel.url, KERNEL_TOKEN, "scripted")
-        adapter = InProcessAdapter(settings, kernel)
+        adapter = InProcessAdapter(settings, KernelProcess(kernel.url, KERNEL_TOKEN, "scripted"))
         started.append(adapter)
         return adapter
 
     yield factory
     for adapter in started:
         adapter.stop()
+
+
+@pytest.fixture
+def make_adapter(tmp_path: Path, scripted_kernel: ScriptedKernel) -> Iterator[Any]:
+    yield from _adapters(tmp_path, scripted_kernel)
+
+
+@pytest.fixture
+def make_full_scale_adapter(tmp_path: Path, full_scale_kernel: ScriptedKernel) -> Iterator[Any]:
+    yield from _adapters(tmp_path, full_scale_kernel)
 
 
 @pytest.fixture

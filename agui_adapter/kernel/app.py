@@ -50,6 +50,7 @@ class ScriptedKernelApp:
             ("GET", "/iac-code/readiness"): self._readiness,
             ("POST", "/iac-code/session/ensure-restored"): self._ensure_restored,
             ("GET", "/iac-code/pipeline/state"): self._pipeline_state,
+            ("GET", "/iac-code/session/recovery"): self._session_recovery,
             ("GET", "/_scripted/requests"): self._scripted_requests,
             ("POST", "/_scripted/reset"): self._scripted_reset,
         }
@@ -205,6 +206,37 @@ class ScriptedKernelApp:
             return json_response({"error": "A2A pipeline state not found"}, 404)
         return json_response(snapshot)
 
+    def _session_recovery(self, request: Request) -> Response:
+        """The context's current execution and the session's conversation (``messages``), as
+        iac-code 0.16.0 answers them; another execution than the current one is a conflict."""
+        context_id = request.args.get("contextId") or ""
+        execution_id = request.args.get("executionId") or ""
+        if not context_id or not execution_id:
+            return json_response({"error": "contextId and executionId are required."}, 400)
+        with self.state.lock:
+            ctx = self.state.contexts.get(context_id)
+            tasks = [t for t in self.state.tasks.values() if t.context_id == context_id]
+            if ctx is None or not tasks:
+                return json_response({"error": "Execution was not found"}, 404)
+            task = max(tasks, key=lambda t: t.seq)
+            if task.execution_id != execution_id:
+                return json_response({"error": "executionId does not identify the current execution"}, 409)
+            snapshot = self.state.snapshot_locked(task)
+            control = snapshot["metadata"]["iac_code"]["executionControl"]
+            output = [m["parts"][0]["text"] for m in snapshot.get("history", []) if m.get("parts")][-1:]
+            body = {
+                "contextId": context_id,
+                "taskId": task.id,
+                "executionId": task.execution_id,
+                "revision": 0,
+                "executionStatus": control["executionStatus"],
+                "outputText": output,
+                "task": snapshot,
+                "messages": [dict(m) for m in ctx.conversation],
+                "executionControl": control,
+            }
+        return json_response(body)
+
     def _scripted_requests(self, request: Request) -> Response:
         return json_response(self.state.requests)
 
@@ -225,17 +257,11 @@ class ScriptedKernelApp:
         method = body.get("method")
         params = body.get("params")
         version = request.headers.get("A2A-Version")
-        self.state.log_request(
-            {
-                "method": method,
-                "params": params,
-                "headers": {
-                    "authorization": "Authorization" in request.headers,
-                    "a2a-version": version,
-                },
-                "id": rid,
-            }
-        )
+        headers: dict[str, Any] = {"authorization": "Authorization" in request.headers, "a2a-version": version}
+        for name in ("x-request-id", "traceparent", "tracestate"):  # what a client passes on, when it does
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        self.state.log_request({"method": method, "params": params, "headers": headers, "id": rid})
         if body.get("jsonrpc") != "2.0" or not isinstance(method, str):
             return rpc_error(rid, RpcError(-32600, "Invalid Request"))
         if (version or "").strip() != A2A_VERSION:

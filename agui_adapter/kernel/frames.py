@@ -65,6 +65,8 @@ class Run:
         self.cid = task.context_id
         self.sid = task.session_id
         self.segment: list[str] = []  # text of the current LLM call
+        self.said: list[str] = []  # text and thinking not yet in the conversation
+        self.thought: list[str] = []
 
     def sleep(self, seconds: float) -> None:
         delay = seconds * self.state.delay_scale
@@ -128,8 +130,29 @@ class Run:
             self.status(SUBMITTED, timestamp=True, metadata=self.meta())
         self.status(WORKING, timestamp=True, metadata=self.meta())
 
+    def remember(self, message: dict[str, Any]) -> None:
+        """Append to the session's conversation, as the real kernel's session keeps it."""
+        with self.state.lock:
+            ctx = self.state.contexts.get(self.cid)
+            if ctx is not None:
+                ctx.conversation.append({**message, "token_count": 0, "elapsed_seconds": 0.0, "metadata": {}})
+
+    def remember_reply(self, tool_use: dict[str, Any] | None = None) -> None:
+        """What the LLM said since the last call (thinking, text, a tool call) as one message."""
+        content: list[dict[str, Any]] = []
+        if self.thought:
+            content.append({"type": "thinking", "thinking": "".join(self.thought), "provider_metadata": {}})
+        if self.said:
+            content.append({"type": "text", "text": "".join(self.said)})
+        if tool_use is not None:
+            content.append(tool_use)
+        self.said, self.thought = [], []
+        if content:
+            self.remember({"role": "assistant", "content": content})
+
     def delta(self, text: str) -> None:
         self.segment.append(text)
+        self.said.append(text)
         self.status(
             WORKING,
             message=self.message(text, f"{self.tid}-message"),
@@ -144,10 +167,12 @@ class Run:
         if count <= 0:
             return
         self.segment.append("x" * count)
+        self.said.append("x" * count)
         message = self.message("x", f"{self.tid}-message")
         self.status(WORKING, message=message, metadata=self.meta(), repeat=count)
 
     def thinking(self, text: str) -> None:
+        self.thought.append(text)
         self.status(
             WORKING,
             metadata=self.meta(after={"thinking": {"text": text, "type": "raw_thinking"}}),
@@ -155,6 +180,15 @@ class Run:
 
     def tool(self, payload: dict[str, Any]) -> None:
         self.status(WORKING, metadata=self.meta(before={"tool": payload}))
+        if payload.get("status") in ("completed", "failed") and "result" in payload:
+            result = {
+                "type": "tool_result",
+                "tool_use_id": payload.get("toolUseId"),
+                "content": str(payload["result"]),
+                "is_error": payload.get("status") == "failed",
+                "metadata": {},
+            }
+            self.remember({"role": "user", "content": [result]})
 
     def usage(self, zero: bool = False) -> None:
         self.status(
@@ -177,6 +211,7 @@ class Run:
         self.state.publish(self.task, {"artifactUpdate": update}, artifact=artifact)
 
     def final(self) -> None:
+        self.remember_reply()
         text = "".join(self.segment)
         self.segment = []
         self.status(
@@ -234,6 +269,7 @@ class Run:
                         "status": "input_delta",
                     }
                 )
+        self.remember_reply({"type": "tool_use", "id": tool_use_id, "name": name, "input": tool_input})
         summary = {
             "tool_name": name,
             "fields": {key: {"type": _type_name(tool_input[key])} for key in sorted(tool_input)},

@@ -161,6 +161,9 @@ class Submissions:
             if isinstance(cwd, str) and ctx.cwd is None:
                 ctx.cwd = os.path.normpath(cwd)
             ctx.turns += 1
+            if pipeline is None:  # a pipeline's steps talk in sessions of their own
+                user = {"role": "user", "content": text, "token_count": 0, "elapsed_seconds": 0.0, "metadata": {}}
+                ctx.conversation.append(user)
             task.cwd = ctx.cwd or default_cwd
             task.language = language_of(iac)
             task.running = True

@@ -55,6 +55,9 @@ class Context:
     cwd: str | None = None
     turns: int = 0
     running_task_id: str | None = None
+    # the session's conversation in the real kernel's shape (session recovery ``messages``);
+    # in memory only, like every text this kernel sees
+    conversation: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -9,78 +9,34 @@ page's console free of JavaScript errors.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agui_adapter.web import json_response
+from tests.browser.console import (
+    TOKEN,
+    event_ids,
+    open_console,
+    raw_log,
+    requests_sent,
+    run_cards,
+    send,
+    visible_buttons,
+    wait_for,
+    wait_for_card,
+    wait_ready,
+    wait_until,
+)
 from tests.support.browser import console_errors, require_selenium, save_screenshot
 
 require_selenium()  # without it: skipped, or failed under CI=true
 
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
 
 pytestmark = pytest.mark.browser
-
-TOKEN = "console-bearer-token-123"
-
-
-def wait_for(browser: Any, css: str, timeout: float = 20.0) -> Any:
-    return WebDriverWait(browser, timeout).until(lambda d: d.find_element(By.CSS_SELECTOR, css))
-
-
-def wait_until(browser: Any, condition: Any, timeout: float = 20.0) -> Any:
-    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: condition())
-
-
-def open_console(browser: Any, adapter: Any, workspace: Path, token: str = "", status: str = "supported") -> None:
-    browser.get(adapter.url)
-    wait_for(browser, f'#status[data-reattach="{status}"]')
-    cwd = browser.find_element(By.ID, "cwd")
-    cwd.clear()
-    cwd.send_keys(str(workspace))
-    if token:
-        browser.find_element(By.ID, "token").send_keys(token)
-
-
-def send(browser: Any, text: str) -> None:
-    browser.find_element(By.ID, "message").send_keys(text)
-    browser.find_element(By.ID, "send").click()
-
-
-def run_cards(browser: Any) -> list[Any]:
-    return browser.find_elements(By.CSS_SELECTOR, "#transcript .run")
-
-
-def wait_for_card(browser: Any, index: int, state: str, timeout: float = 20.0) -> Any:
-    """The ``index``-th run card (0-based) once it is in ``state``."""
-
-    def card() -> Any:
-        cards = run_cards(browser)
-        return len(cards) > index and cards[index].get_attribute("data-state") == state and cards[index]
-
-    return wait_until(browser, card, timeout)
-
-
-def raw_log(browser: Any) -> list[tuple[str, str]]:
-    """The raw event log as (what, text): ("→ POST /", body), ("RUN_STARTED", event), ...
-    (the page writes each event's SSE id after its type, "RUN_STARTED #1": left out here)."""
-    return [
-        (re.sub(r" #\d+$", "", kind), text)
-        for kind, text in browser.execute_script(
-            "return [...document.querySelectorAll('#log li')]"
-            ".map(li => [li.querySelector('.k').textContent, li.querySelector('.v').textContent])"
-        )
-    ]
-
-
-def event_ids(browser: Any) -> list[int]:
-    """The SSE ids the page logged, in order."""
-    kinds = browser.execute_script("return [...document.querySelectorAll('#log li .k')].map(k => k.textContent)")
-    return [int(match.group(1)) for kind in kinds if (match := re.search(r" #(\d+)$", kind))]
 
 
 def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, browser: Any) -> None:
@@ -112,8 +68,9 @@ def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, 
 
     # reloaded, the page remembers the thread and the cwd, never the token
     thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
+    assert browser.current_url.endswith("#thread=" + thread_id)  # the thread's URL
     browser.refresh()
-    wait_for(browser, '#status[data-reattach="supported"]')
+    wait_ready(browser)
     assert browser.find_element(By.ID, "threadId").get_attribute("value") == thread_id
     assert browser.find_element(By.ID, "cwd").get_attribute("value") == str(workspace)
     assert browser.find_element(By.ID, "token").get_attribute("value") == ""
@@ -121,6 +78,9 @@ def test_type_a_message_and_read_the_answer(make_adapter: Any, workspace: Path, 
         "return JSON.stringify([Object.assign({}, localStorage), Object.assign({}, sessionStorage)])"
     )
     assert TOKEN not in stored and str(workspace) in stored
+    # without the token the thread cannot be rebuilt: the page says so (not as a run)
+    assert "bearer token" in wait_for(browser, "#transcript .notice.error").text
+    assert requests_sent(browser) == [f"→ GET /threads/{thread_id}"]
     # without the token, the adapter's JSON error shows with its status and code
     send(browser, "hello again")
     error = wait_for(browser, '.run[data-state="error"] .error')
@@ -136,8 +96,12 @@ def test_answer_a_permission_prompt(adapter: Any, workspace: Path, browser: Any)
     form = wait_for(browser, 'form.interrupt[data-kind="permission"]')
     assert run_cards(browser)[1].get_attribute("data-state") == "interrupted"
     assert "write_file" in form.text and "hello.txt" in form.text
+    assert form.find_element(By.CSS_SELECTOR, ".effect").text == "Changes files in the workspace"
+    assert "{" not in form.text  # no raw JSON: the safe summary is spelled out
+    assert "content 27 characters" in form.text
+    # one way to deny: the option labels, no separate "cancel this interrupt"
+    assert visible_buttons(form) == {"allow_once": "Allow once", "deny": "Deny"}
     buttons = {b.get_attribute("data-value"): b for b in form.find_elements(By.TAG_NAME, "button")}
-    assert set(buttons) == {"allow_once", "deny", "cancelled"}
     save_screenshot(browser, "permission")  # the README's docs/console.png
     buttons["allow_once"].click()
     resumed = wait_for_card(browser, 2, "finished")
@@ -145,6 +109,7 @@ def test_answer_a_permission_prompt(adapter: Any, workspace: Path, browser: Any)
     assert (workspace / "hello.txt").read_text() == "hello from scripted kernel\n"
     posts = [json.loads(text) for kind, text in raw_log(browser) if kind == "→ POST /"]
     assert len(posts) == 3
+    assert "answered: Allow once" in form.text
     first, second = posts[1:]
     assert second["threadId"] == first["threadId"] and second["runId"] != first["runId"]
     assert second["forwardedProps"]["iacCode"] == first["forwardedProps"]["iacCode"]
@@ -216,16 +181,17 @@ def test_no_reattach_offer_without_server_support(adapter: Any, workspace: Path,
     wait_until(browser, lambda: "one," in card.text)
     assert browser.execute_script("return sessionStorage.getItem('agui-console.live')") is not None
     browser.refresh()
-    wait_for(browser, '#status[data-reattach="unsupported"]')
+    wait_ready(browser, "unsupported")
     assert not browser.find_element(By.ID, "reattach").is_displayed()
     assert browser.find_elements(By.ID, "reattachButton") == []
     assert browser.execute_script("return sessionStorage.getItem('agui-console.live')") is None
+    assert run_cards(browser) == []  # not followed either
     assert console_errors(browser) == []
 
 
 def test_the_console_check_sees_javascript_errors(adapter: Any, browser: Any) -> None:
     browser.get(adapter.url)
-    wait_for(browser, '#status[data-reattach="supported"]')
+    wait_ready(browser)
     browser.execute_script("setTimeout(() => { throw new Error('console-check-probe'); }, 0)")
     wait_until(browser, lambda: any("console-check-probe" in e for e in console_errors(browser)), timeout=5)
 
@@ -245,13 +211,38 @@ def test_a_pipeline_as_a_timeline_with_its_choices(adapter: Any, workspace: Path
     events = [row.text for row in first.find_elements(By.CSS_SELECTOR, ".timeline:not(.step)")]
     assert events[0].endswith("pipeline_started · pipeline · working")
     assert any("candidate_completed" in e and "· Plan B" in e for e in events), events
-    buttons = {b.get_attribute("data-value"): b.text for b in form.find_elements(By.TAG_NAME, "button")}
-    # option ids are the candidates' indexes, as the real kernel sends them
-    assert buttons == {"0": "Plan A", "1": "Plan B", "cancelled": "Cancel this interrupt"}
+    # the step the selection pauses is waiting, not finished
+    waiting = [row.text for row in first.find_elements(By.CSS_SELECTOR, ".timeline.step.waiting")]
+    assert waiting == ["step confirm_and_select waiting for your answer"]
+    # option ids are the candidates' indexes, as the real kernel sends them; labels, not ids
+    assert visible_buttons(form) == {"0": "Choose Plan A", "1": "Choose Plan B", "decline": "Decline…"}
+    # each candidate with its summary, cost items and total (candidatePresentation rich)
+    plans = [card.text for card in form.find_elements(By.CSS_SELECTOR, ".option")]
+    assert "One ECS instance behind an SLB." in plans[0] and "¥42.50/月" in plans[0] and "SLB" in plans[0]
+    assert "A static site on OSS behind CDN." in plans[1] and "CDN traffic ¥6.00/月" in plans[1]
+    assert "total per month ¥8.00/月" in plans[1]
     form.find_element(By.CSS_SELECTOR, 'button[data-value="1"]').click()
-    # selling's deploying asks for ros_deploy's permission (tests/data/a2a-selling/10)
+    # selling's deploying asks for ros_deploy's permission (tests/data/a2a-selling/10): a deployment
+    # approval shows what it changes, where, and what it costs
     confirm = wait_for(browser, 'form.interrupt[data-kind="permission"]')
     assert "ros_deploy" in confirm.text
+    assert confirm.find_element(By.CSS_SELECTOR, ".effect").text == "Changes cloud resources"
+    facts = dict(
+        zip(
+            [dt.text for dt in confirm.find_elements(By.TAG_NAME, "dt")],
+            [dd.text for dd in confirm.find_elements(By.TAG_NAME, "dd")],
+            strict=True,
+        )
+    )
+    assert facts["API calls"] == "ROS CreateStack (change)" and facts["region"] == "cn-hangzhou"
+    assert facts["plan"] == "Plan B" and facts["action"] == "create"
+    rows = [
+        [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+        for row in confirm.find_elements(By.CSS_SELECTOR, "table.costs tr")
+        if row.find_elements(By.TAG_NAME, "td")
+    ]
+    assert rows == [["OSS standard storage", "¥2.00/月"], ["CDN traffic", "¥6.00/月"], ["total per month", "¥8.00/月"]]
+    assert visible_buttons(confirm) == {"allow_once": "Allow once", "deny": "Deny"}
     save_screenshot(browser, "pipeline-confirm")
     confirm.find_element(By.CSS_SELECTOR, 'button[data-value="allow_once"]').click()
     last = wait_for_card(browser, 2, "finished", timeout=30)
@@ -259,13 +250,15 @@ def test_a_pipeline_as_a_timeline_with_its_choices(adapter: Any, workspace: Path
     posts = [json.loads(text) for kind, text in raw_log(browser) if kind == "→ POST /"]
     assert [p["resume"][0]["payload"] for p in posts[1:]] == [{"selectedId": "1"}, {"decision": "allow_once"}]
     assert all(p["forwardedProps"]["iacCode"]["runMode"] == "pipeline" for p in posts)
+    assert posts[0]["forwardedProps"]["iacCode"]["candidatePresentation"] == "rich"
     save_screenshot(browser, "pipeline")
     assert console_errors(browser) == []
 
 
-def test_a_reload_mid_run_reattaches_and_the_run_completes(make_adapter: Any, workspace: Path, browser: Any) -> None:
-    """Reload the page halfway: the run goes on (grace period), the page offers to reattach,
-    replays the run from its first event and follows it to its end; nothing is cancelled."""
+def test_a_reload_mid_run_follows_the_run_to_its_end(make_adapter: Any, workspace: Path, browser: Any) -> None:
+    """Reload the page halfway: the run goes on (grace period); the page learns from
+    GET /threads/{id} that a run is live and follows it on its own through its events route,
+    from its first event, to its end; nothing is cancelled. (Needs GET /threads/{id}.)"""
     adapter = make_adapter(disconnect_grace_seconds=30, heartbeat_seconds=0.5)
     open_console(browser, adapter, workspace)
     send(browser, "[SILENT 2] [SLOW] count")  # about 12 s at the browser suite's human speed
@@ -273,14 +266,20 @@ def test_a_reload_mid_run_reattaches_and_the_run_completes(make_adapter: Any, wo
     run_id = card.get_attribute("data-run-id")
     thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
     browser.refresh()
-    wait_for(browser, '#status[data-reattach="supported"]')
-    offer = wait_for(browser, "#reattachButton")
-    assert run_id in browser.find_element(By.ID, "reattach").text
-    offer.click()
-    finished = wait_for(browser, '.run[data-state="finished"]', timeout=30)
-    assert "one," in finished.text and "eight." in finished.text
-    sent = [kind for kind, _ in raw_log(browser) if kind.startswith("→")]
-    assert sent == [f"→ GET /threads/{thread_id}/runs/{run_id}/events"]
+    wait_ready(browser)
+    followed = wait_for(browser, f'.run[data-run-id="{run_id}"]')
+    assert browser.find_elements(By.ID, "reattachButton") == []  # no button to press
+    wait_until(browser, lambda: followed.get_attribute("data-state") == "finished", timeout=30)
+    assert "one," in followed.text and "eight." in followed.text
+    assert browser.find_element(By.ID, "cancel").is_enabled() is False
+    # the user's message is back (from /messages), above the run
+    assert browser.find_element(By.CSS_SELECTOR, "#transcript .user").text == "[SILENT 2] [SLOW] count"
+    thread = f"/threads/{thread_id}"
+    assert requests_sent(browser) == [
+        f"→ GET {thread}",
+        f"→ GET {thread}/messages?limit=100",
+        f"→ GET {thread}/runs/{run_id}/events",
+    ]
     kinds = [kind for kind, _ in raw_log(browser)]
     assert kinds.count("RUN_STARTED") == 1 and kinds[-1] == "RUN_FINISHED"
     ids = event_ids(browser)

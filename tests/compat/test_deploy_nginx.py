@@ -10,7 +10,9 @@ through, and nginx's gzip does not touch the event stream.
 its own state directory and its own scripted kernel, whose request log shows which pair a
 request reached): every run, Resume and cancel of a thread reaches the pair its
 ``X-AGUI-Thread-Id`` hashes to, and when a pair is down its threads get the recipe's 503
-``A2A_UNAVAILABLE`` while the other pair's threads keep working.
+``A2A_UNAVAILABLE`` while the other pair's threads keep working; a thread-bound request without
+the header is refused by nginx (400, JSON) instead of reaching some pair, and ``X-Request-ID``
+flows through as in the TLS recipe.
 
 Without nginx the tests fail under ``CI=true`` and are skipped otherwise.
 """
@@ -384,3 +386,52 @@ def test_a_header_that_differs_from_the_body_is_refused_by_the_pair(two_pairs: d
     assert result.status == 400 and result.error["code"] == "INVALID_INPUT"
     assert "X-AGUI-Thread-Id" in result.error["message"]
     assert not any(p.holds(body["threadId"]) for p in two_pairs["pairs"])
+
+
+REFUSAL = (
+    "X-AGUI-Thread-Id is required: this proxy routes every request of a thread "
+    "(POST /, the cancel extension, /threads/...) by that header."
+)
+
+
+def test_thread_bound_requests_need_the_header_and_the_request_id_flows(two_pairs: dict[str, Any]) -> None:
+    client, pairs = two_pairs["client"], two_pairs["pairs"]
+    session = client.session
+    base = client.url
+    body = run_body("[WRITE] make a file", cwd=str(two_pairs["workspace"]))
+    thread = body["threadId"]
+    # without the header, nginx refuses every thread-bound request itself, with its reason
+    without = [
+        session.post(base, json=body, headers={"Accept": "text/event-stream"}, timeout=30),
+        session.post(f"{base}extensions/iac-code/v1/executions/ex-1/cancel", json={"threadId": thread}, timeout=30),
+        session.get(f"{base}threads/{thread}", timeout=30),
+        session.get(f"{base}threads/{thread}/messages", timeout=30),
+        session.get(f"{base}threads/{thread}/runs/{body['runId']}/events", timeout=30),
+    ]
+    for response in without:
+        assert response.status_code == 400, (response.request.url, response.text)
+        assert response.headers["Content-Type"].startswith("application/json")
+        assert response.json() == {"error": {"code": "INVALID_INPUT", "message": REFUSAL}}
+        assert re.fullmatch(r"[0-9a-f]{32}", response.headers["X-Request-ID"])
+    assert not any(p.holds(thread) for p in pairs)
+    assert all(kernel_calls(p.kernel, "SendStreamingMessage") == [] for p in pairs)
+    # the console's own requests carry it: they reach the thread's pair
+    header = {"X-AGUI-Thread-Id": thread, "X-Request-ID": "console-req-1"}
+    result = client.run(body, headers=header)
+    assert result.status == 200 and result.terminal["outcome"]["type"] == "interrupt", result.raw
+    assert result.headers["X-Request-ID"] == "console-req-1"
+    [mine] = [p for p in pairs if p.holds(thread)]
+    assert b"console-req-1" in mine.adapter.log  # the adapter logged the client's request id
+    shown = session.get(f"{base}threads/{thread}", headers=header, timeout=30)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["pendingInterrupts"] == result.terminal["outcome"]["interrupts"]
+    assert shown.headers["X-Request-ID"] == "console-req-1"
+    messages = session.get(f"{base}threads/{thread}/messages", headers=header, timeout=30)
+    assert messages.status_code == 200 and messages.json()["messages"][0]["content"] == "[WRITE] make a file"
+    # requests of no thread go to any pair, with or without the header
+    for path, accept in (("", "text/html"), ("health", "*/*"), ("ready", "*/*"), ("metrics", "*/*")):
+        response = session.get(base + path, headers={"Accept": accept}, timeout=30)
+        assert response.status_code == 200, (path, response.text)
+        assert re.fullmatch(r"[0-9a-f]{32}", response.headers["X-Request-ID"])
+    module = session.get(f"{base}agui-adapter-client.mjs", timeout=30)  # served by the pair (404 before it exists)
+    assert module.status_code in (200, 404), module.text

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import requests
 
+from agui_adapter import __version__
 from tests.support.agui_client import run_body
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.flow import KERNEL_TOKEN
@@ -142,14 +143,30 @@ def test_one_scrape_gives_the_totals_of_all_gunicorn_workers(tmp_path: Path, scr
         assert len(summaries) == 6, log_path.read_text()[-3000:]
         pids = {e["pid"] for e in summaries}
         assert len(pids) == 2, f"the runs did not spread over both workers\n{log_path.read_text()[-3000:]}"
+        # the access log is the app's: under gunicorn too, one line per stream once it ended
+        entries = [json.loads(x) for x in log_path.read_text(errors="replace").splitlines() if x.startswith("{")]
+        streams = [e for e in entries if e["logger"] == "agui_adapter.access" and e.get("route") == "run"]
+        assert len(streams) == 6 and all(e["status"] == 200 and e["bytes_sent"] > 0 for e in streams), streams
+        assert {(e["thread_id"], e["run_id"]) for e in streams} == {(e["thread_id"], e["run_id"]) for e in summaries}
 
         for _ in range(4):  # whichever worker answers
             samples = _scrape(url)
             assert samples[("agui_runs_total", (("outcome", "success"),))] == 6.0
             assert samples[("agui_events_sent_total", ())] == events
             assert samples[("agui_http_requests_total", (("route", "run"), ("status", "200")))] == 6.0
-            assert samples[("agui_run_duration_seconds_count", ())] == 6.0
-            assert samples[("agui_run_first_event_seconds_count", ())] == 6.0
+            turns = (("mode", "turn"), ("outcome", "success"))
+            assert samples[("agui_run_duration_seconds_count", turns)] == 6.0
+            assert samples[("agui_run_first_event_seconds_count", turns)] == 6.0
+            assert samples[("agui_runs_max", ())] == 2 * 256.0  # both live workers' share
+            assert samples[("agui_runs_detached", ())] == 0.0
+            assert samples[("agui_build_info", (("kernel", "external"), ("version", __version__)))] == 1.0
+            assert samples[("agui_interrupts_pending", ())] == 0.0
+            assert samples[("agui_journal_bytes", ())] > 0  # the six runs' journals, kept for replay
+            assert sum(v for k, v in samples.items() if k[0] == "agui_state_write_seconds_count") >= 6
+            methods = {dict(k[1])["method"] for k in samples if k[0] == "agui_kernel_call_seconds_count"}
+            assert "SendStreamingMessage" in methods, methods
+            # under gunicorn the connections are not known, and per-process collectors do not apply
+            assert not [k for k in samples if k[0].startswith(("agui_connections_", "process_"))]
             assert samples[("agui_runs_active", ())] == 0.0
             assert samples[("agui_kernel_up", ())] == 1.0
     finally:

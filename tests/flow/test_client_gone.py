@@ -15,47 +15,22 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agui_adapter.config import Settings
 from agui_adapter.connection import Connection
 from agui_adapter.kernel import ScriptedKernel
-from agui_adapter.kernels import KernelProcess
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import parse_sse
-from tests.support.flow import KERNEL_TOKEN, cancelled_tasks, wait_for
-from tests.support.secrets import STATE_DIRS
+from tests.support.flow import cancelled_tasks, wait_for
 from tests.support.servers import InProcessAdapter
 
 
-@pytest.fixture(scope="module")
-def full_scale_kernel() -> Iterator[ScriptedKernel]:
-    kernel = ScriptedKernel(KERNEL_TOKEN, delay_scale=1.0)
-    kernel.start()
-    yield kernel
-    kernel.stop()
-
-
 @pytest.fixture
-def make_watched(tmp_path: Path, full_scale_kernel: ScriptedKernel) -> Iterator[Any]:
-    started: list[InProcessAdapter] = []
-
-    def factory(**overrides: Any) -> InProcessAdapter:
-        base = Settings(state_dir=str(tmp_path / "state"), heartbeat_seconds=15.0, allowed_cwds=str(tmp_path))
-        settings = replace(base, **overrides)
-        STATE_DIRS.append(Path(settings.state_dir))
-        adapter = InProcessAdapter(settings, KernelProcess(full_scale_kernel.url, KERNEL_TOKEN, "scripted"))
-        started.append(adapter)
-        return adapter
-
-    yield factory
-    for adapter in started:
-        adapter.stop()
+def make_watched(make_full_scale_adapter: Any) -> Any:
+    return make_full_scale_adapter
 
 
 class RawStream:

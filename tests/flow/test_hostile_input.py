@@ -205,8 +205,9 @@ def test_run_ids_are_bounded_and_stored_as_digests(adapter: Any, client: Client,
     body = run_body(cwd=str(workspace), thread_id=thread, run_id=long_run)
     assert client.run(body).status == 200
     store = ThreadStore(adapter.settings.resolved_state_dir())
-    text = store.path_for(thread).read_text()
-    assert long_run not in text
+    state = json.loads(store.path_for(thread).read_text())
+    assert long_run not in json.dumps(state["runDigests"])  # the 1,000 remembered run ids: digests
+    assert [run["runId"] for run in state["runs"]] == [long_run]  # the last 50 runs, shown by GET /threads
     # the same request again, and a different one with the same run id
     assert client.run(body).error["code"] == "DUPLICATE_RUN_ID"
     other = run_body("something else", cwd=str(workspace), thread_id=thread, run_id=long_run)

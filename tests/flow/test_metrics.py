@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import requests
 
+from agui_adapter import __version__
 from agui_adapter.kernels import KernelProcess
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import KERNEL_TOKEN, interrupted
@@ -69,10 +70,21 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def histogram(samples: Samples, name: str) -> tuple[list[tuple[float, float]], float, float]:
-    """(le, cumulative count) in order, the sum and the count of an unlabelled histogram."""
-    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in samples.items() if k[0] == name + "_bucket")
-    return buckets, value(samples, name + "_sum"), value(samples, name + "_count")
+def histogram(samples: Samples, name: str, **labels: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(le, cumulative count) in order, the sum and the count of a histogram, added up over
+    its label sets (those matching ``labels``)."""
+
+    def matching(key: tuple[str, tuple[tuple[str, str], ...]], suffix: str) -> bool:
+        return key[0] == name + suffix and all(dict(key[1]).get(k) == v for k, v in labels.items())
+
+    buckets: dict[float, float] = {}
+    for key, count in samples.items():
+        if matching(key, "_bucket"):
+            le = float(dict(key[1])["le"])
+            buckets[le] = buckets.get(le, 0.0) + count
+    total = sum(v for k, v in samples.items() if matching(k, "_sum"))
+    observed = sum(v for k, v in samples.items() if matching(k, "_count"))
+    return sorted(buckets.items()), total, observed
 
 
 def check_histogram(samples: Samples, name: str, count: int) -> None:
@@ -160,6 +172,9 @@ def test_a_scrape_counts_runs_by_outcome_events_and_latencies(make_adapter: Any,
     assert value(after, "agui_events_sent_total") == read  # every event written, counted once
     check_histogram(after, "agui_run_first_event_seconds", 4)
     check_histogram(after, "agui_run_duration_seconds", 4)
+    for outcome in ("success", "interrupt", "error", "abandoned"):  # by run mode and outcome
+        for name in ("agui_run_first_event_seconds", "agui_run_duration_seconds"):
+            assert histogram(after, name, mode="turn", outcome=outcome)[2] == 1.0, (name, outcome)
     # the silent run lasted until its client left (at least one heartbeat), longer than the rest
     buckets, total, _ = histogram(after, "agui_run_duration_seconds")
     assert total >= 0.2
@@ -265,3 +280,87 @@ def test_one_scrape_gives_the_totals_of_every_process(adapter_process: Any, tmp_
     except AssertionError as exc:  # say what the two processes logged
         logs = b"\n".join(p.log[-3000:] for p in (first, second)).decode(errors="replace")
         raise AssertionError(f"{exc}\n--- adapter logs ---\n{logs}") from exc
+
+
+def test_saturation_kernel_calls_state_and_build_series(make_adapter: Any, workspace: Path) -> None:
+    """The operator's series beyond runs: limits and what is open, kernel calls by method,
+    state writes, pending interrupts and journal bytes read from disk, the build, the process."""
+    adapter = make_adapter(max_runs=7)
+    client = adapter.client()
+    body, result = interrupted(client, workspace)
+    replay = client.events(body["threadId"], body["runId"])
+    assert replay.status == 200 and replay.rest()
+    replay.close()
+    session = requests.Session()
+    session.trust_env = False
+    head = session.head(adapter.url + "metrics", timeout=5)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = scrape(adapter.url)
+    assert value(samples, "agui_runs_max") == 7.0
+    assert value(samples, "agui_connections_max") == 1024.0
+    assert value(samples, "agui_connections_open") >= 1.0  # the scrape's own connection at least
+    assert value(samples, "agui_runs_detached") == 0.0
+    assert value(samples, "agui_interrupts_pending") == 1.0  # the interrupt the run ended with
+    assert value(samples, "agui_journal_bytes") >= len(result.raw) * 0.5  # the run's events, kept for replay
+    assert value(samples, "agui_build_info", kernel="scripted", version=__version__) == 1.0
+    # kernel calls by A2A method: the turn's stream at least, and the probes of /metrics
+    assert histogram(samples, "agui_kernel_call_seconds", method="SendStreamingMessage")[2] >= 1.0
+    assert histogram(samples, "agui_kernel_call_seconds", method="health")[2] >= 1.0
+    assert not [k for k in samples if k[0] == "agui_kernel_call_errors_total"]
+    # the admission's durable write, and the run's own (the task id, the interrupts)
+    assert histogram(samples, "agui_state_write_seconds", durable="true")[2] >= 2.0
+    # the events route and HEAD on /metrics are counted by route
+    assert value(samples, "agui_http_requests_total", route="events", status="200") == 1.0
+    # the HEAD (a scrape counts itself once its answer has started, after rendering it)
+    assert value(samples, "agui_http_requests_total", route="metrics", status="200") == 1.0
+    # the process, from prometheus_client's collectors (or the built-in reading without it)
+    for name in ("process_resident_memory_bytes", "process_open_fds", "process_max_fds", "agui_process_threads"):
+        assert value(samples, name) > 0, name
+    assert [k for k in samples if k[0] == "python_info"]
+
+
+def test_kernel_call_errors_are_counted_by_method_and_kind(tmp_path: Path, workspace: Path) -> None:
+    from dataclasses import replace
+
+    from agui_adapter.config import Settings
+
+    settings = replace(Settings(), state_dir=str(tmp_path / "state"), allowed_cwds=str(tmp_path))
+    STATE_DIRS.append(tmp_path / "state")
+    dead = KernelProcess(f"http://127.0.0.1:{free_port()}/", KERNEL_TOKEN, "configured")
+    adapter = InProcessAdapter(settings, dead)
+    try:
+        result = Client(adapter.url).run(run_body("hello", cwd=str(workspace)))
+        assert result.terminal["code"] == "A2A_UNAVAILABLE"
+        samples = scrape(adapter.url)
+        kinds = {dict(k[1])["method"]: dict(k[1])["kind"] for k in samples if k[0] == "agui_kernel_call_errors_total"}
+        assert kinds.get("SendStreamingMessage") == "connection", kinds
+        assert kinds.get("health") == "connection", kinds  # the kernel_up probe of this scrape
+        assert value(samples, "agui_build_info", kernel="external", version=__version__) == 1.0
+    finally:
+        adapter.stop()
+
+
+def test_a_run_going_on_without_its_client_is_a_detached_run(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter(heartbeat_seconds=0.2, disconnect_grace_seconds=1.0)
+    sock, _ = _open_silent_run(adapter.url, workspace)
+    assert value(scrape(adapter.url), "agui_runs_detached") == 0.0
+    sock.close()  # the client goes away: the run goes on for the grace period
+    deadline = time.monotonic() + 10
+    while value(scrape(adapter.url), "agui_runs_detached") != 1.0:
+        assert time.monotonic() < deadline, "the run never detached"
+        time.sleep(0.05)
+    samples = _wait_for_the_abandoned_run(adapter.url)  # nobody reattached within the grace period
+    assert value(samples, "agui_runs_detached") == 0.0
+    assert histogram(samples, "agui_run_duration_seconds", mode="turn", outcome="abandoned")[2] == 1.0
+
+
+def test_a_pipeline_run_is_labelled_pipeline(make_adapter: Any, workspace: Path) -> None:
+    adapter = make_adapter()
+    body = run_body("price the plans", cwd=str(workspace), runMode="pipeline", pipelineName="selling")
+    result = adapter.client().run(body)
+    assert result.status == 200 and result.terminal["type"] in ("RUN_FINISHED", "RUN_ERROR")
+    _wait_idle(adapter.url)
+    samples = scrape(adapter.url)
+    assert histogram(samples, "agui_run_duration_seconds", mode="pipeline")[2] == 1.0
+    assert histogram(samples, "agui_run_duration_seconds", mode="turn")[2] == 0.0

@@ -11,10 +11,11 @@ from typing import Any
 
 import requests
 
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
+from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
 from tests.support.agui_client import Client, resume, run_body, session_value
 from tests.support.flow import kernel_calls
 from tests.support.kernel_rpc import journal
+from tests.support.pipeline_checks import assert_business_events_once
 
 SSF = "selling_solution_first"
 
@@ -28,10 +29,13 @@ def customs(results: list[Any]) -> list[dict[str, Any]]:
 
 
 def assert_union_equals_journal(results: list[Any], kernel: Any, task_id: str) -> None:
+    """Every allowlisted journal event reached the client once; none pending the kernel's backup."""
     delivered = [v["eventId"] for v in customs(results)]
     assert len(delivered) == len(set(delivered)), "an event was delivered twice"
-    expected = {e["eventId"] for e in journal(kernel, task_id) if e["eventType"] in CUSTOM_EVENT_TYPES}
+    events = journal(kernel, task_id)
+    expected = {e["eventId"] for e in events if e["eventType"] in CUSTOM_EVENT_TYPES and not is_pending_publication(e)}
     assert set(delivered) == expected
+    assert_business_events_once(results, events)
 
 
 def answer(client: Client, body: dict, result: Any, payloads: dict[str, Any] | None = None) -> Any:
@@ -105,6 +109,21 @@ def test_candidates_selection_and_the_deploy_permission(client: Client, workspac
     meta = kernel_calls(scripted_kernel, "SendStreamingMessage", session_value(first)["contextId"])[0]
     assert meta["params"]["message"]["metadata"]["iac_code"]["candidatePresentation"] == "rich-v1"
     assert_union_equals_journal(results, scripted_kernel, session_value(first)["taskId"])
+
+
+def test_each_business_event_reaches_the_client_once(client: Client, workspace: Path, scripted_kernel: Any) -> None:
+    # the kernel journals its terminal, handoff and permission publications twice (pending_backup,
+    # then committed); its live stream carries the committed ones; the gap fill at the end of each
+    # run reads the journal: the client still gets one pipeline_completed, the committed one
+    body = pipeline_body("[PIPE-CANDIDATES] compare", workspace)
+    results = run_to_the_end(client, body, client.run(body))
+    assert results[-1].terminal["outcome"] == {"type": "success"}
+    events = journal(scripted_kernel, session_value(results[0])["taskId"])
+    twins = [e["eventType"] for e in events if e.get("visibility") == "pending_backup"]
+    assert {"pipeline_completed", "pipeline_handoff_ready", "permission_requested"} <= set(twins)
+    ends = [c for c in customs(results) if c["eventType"] == "pipeline_completed"]
+    assert [c["visibility"] for c in ends] == ["committed"]
+    assert_business_events_once(results, events)
 
 
 def test_solution_first_deployment_confirmation_is_an_interrupt_answered_by_resume(

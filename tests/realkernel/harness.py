@@ -544,12 +544,16 @@ def official_check(runs: list[RunResult], payloads: list[dict[str, Any]]) -> Non
 
 
 def assert_journal_delivered_once(kernel: RealKernel, runs: list[RunResult]) -> None:
-    """Every allowlisted event of the real journal reached the client, and exactly once."""
-    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES  # the adapter's allowlist (the harness needs no adapter)
+    """Every allowlisted event of the real journal reached the client, and exactly once, except
+    the publications pending the kernel's backup (never: their committed twins are); each
+    business event once by eventId and by (type, sequence) (``tests/support/pipeline_checks``)."""
+    # the adapter's allowlist and pending rule (the harness needs no adapter)
+    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
+    from tests.support.pipeline_checks import assert_business_events_once
 
     ids = [e["eventId"] for e in pipeline_events(*runs)]
     assert len(ids) == len(set(ids)), "a pipeline event was delivered twice"
-    wanted = {
-        e["eventId"] for e in journal(kernel, session_value(runs[0])["taskId"]) if e["eventType"] in CUSTOM_EVENT_TYPES
-    }
+    events = journal(kernel, session_value(runs[0])["taskId"])
+    wanted = {e["eventId"] for e in events if e["eventType"] in CUSTOM_EVENT_TYPES and not is_pending_publication(e)}
     assert set(ids) == wanted
+    assert_business_events_once(runs, events)

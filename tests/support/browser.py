@@ -2,9 +2,10 @@
 
 Why here: the browser suite needs one way to find Debian's ``chromium`` and ``chromium-driver``
 (installed by ``.ci/setup-peers.sh``), to start them with no network of their own and a fresh
-profile, to read the page's console log, and to keep screenshots as test artifacts. Under
-``CI=true`` a missing browser, driver or Selenium fails the test; elsewhere it skips with the
-install command in the reason.
+profile, to read the page's console log, to keep screenshots as test artifacts, and to find
+axe-core (npm, installed into the node prefix by ``.ci/setup-peers.sh``) for the accessibility
+check. Under ``CI=true`` a missing browser, driver, Selenium or axe-core fails the test;
+elsewhere it skips with the install command in the reason.
 """
 
 from __future__ import annotations
@@ -77,6 +78,25 @@ def start_chromium(chromium: str, driver: str, profile_dir: Path) -> Any:
     options.add_argument(f"--user-data-dir={profile_dir}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+AXE_INSTALL = "bash .ci/setup-peers.sh (npm install axe-core into ~/.cache/agui-adapter/node)"
+
+
+def axe_source() -> str:
+    """axe-core's ``axe.min.js`` from ``$AGUI_NODE_MODULES`` (default ~/.cache/agui-adapter/node/node_modules)."""
+    modules = os.environ.get("AGUI_NODE_MODULES") or str(Path.home() / ".cache/agui-adapter/node/node_modules")
+    path = Path(modules) / "axe-core" / "axe.min.js"
+    if not path.is_file():
+        _missing(f"axe-core not found at {path}; install with: {AXE_INSTALL}")
+    return path.read_text(encoding="utf-8")
+
+
+def dark_mode(driver: Any, dark: bool = True) -> None:
+    """Emulates ``prefers-color-scheme: dark`` (or light) for the page, through the DevTools protocol."""
+    value = "dark" if dark else "light"
+    features = [{"name": "prefers-color-scheme", "value": value}]
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": features})
 
 
 def console_errors(driver: Any) -> list[str]:

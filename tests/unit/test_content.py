@@ -420,3 +420,24 @@ def test_undecodable_large_image_is_invalid() -> None:
 def test_truncated_large_image_is_invalid() -> None:
     data = noise_image(1400, 1400, "PNG")
     assert_refused(user([image_part(data[: 5 * MiB + 100])]), messages.IMAGE_INVALID)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "I;16"])
+def test_fitting_strip_by_strip_is_the_whole_image_resize(mode: str) -> None:
+    Image = pytest.importorskip("PIL.Image")
+    from PIL import ImageChops
+
+    from agui_adapter.content import _fit
+
+    source = Image.frombytes("RGBA", (2900, 2300), os.urandom(2900 * 2300 * 4))
+    source = source.convert("L").convert(mode) if mode == "I;16" else source.convert(mode)
+    if mode == "RGBA":  # opaque enough that premultiplied rounding stays small
+        source.putalpha(Image.new("L", source.size, 200))
+    whole = source.resize((2000, round(2300 * 2000 / 2900)), Image.Resampling.LANCZOS)
+    fitted = _fit(source, 2000)
+    assert (fitted.mode, fitted.size) == (whole.mode, whole.size)
+    as_rgba = (lambda im: im.convert("L").convert("RGBA")) if mode == "I;16" else (lambda im: im.convert("RGBA"))
+    extrema = ImageChops.difference(as_rgba(whole), as_rgba(fitted)).getextrema()
+    assert max(high for _, high in extrema) <= 2
+    small = Image.new("RGB", (30, 20))
+    assert _fit(small, 2000) is small

@@ -64,3 +64,33 @@ def test_threads_are_hashed_by_their_header_and_never_moved() -> None:
     assert _directive(text, "proxy_next_upstream") == ["off"]
     servers = _directive(text, "server")
     assert len(servers) >= 2 and all("max_fails=0" in s.split() for s in servers)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_request_id_is_passed_on(recipe: str) -> None:
+    text = (DEPLOY / recipe).read_text()
+    [header] = _directive(text, "proxy_set_header X-Request-ID")
+    variable = header.strip()
+    assert re.search(rf"map \$http_x_request_id {re.escape(variable)} \{{", text), variable
+
+
+def test_the_routes_of_a_thread_need_its_header() -> None:
+    """Every thread-bound route of the adapter is in the recipe's map; the rest is not."""
+    text = (DEPLOY / "nginx-sticky-threads.conf").read_text()
+    block = text[text.index('map "$request_method $uri" $agui_thread_bound {') :]
+    block = block[: block.index("}")]
+    patterns = [p.strip('"') for p in re.findall(r'^\s*("[^"]+")\s+1;', block, flags=re.MULTILINE)]
+
+    def bound(method: str, path: str) -> bool:
+        line = f"{method} {path}"
+        return any(re.search(p[1:], line) if p.startswith("~") else p == line for p in patterns)
+
+    assert bound("POST", "/")
+    assert bound("POST", "/extensions/iac-code/v1/executions/ex-1/cancel")
+    for method, path in (("GET", "/threads/t1"), ("GET", "/threads/t1/messages"), ("GET", "/threads/t/runs/r/events")):
+        assert bound(method, path), path
+    for method, path in (("GET", "/"), ("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics"),
+                         ("GET", "/agui-adapter-client.mjs"), ("OPTIONS", "/"), ("OPTIONS", "/threads/t1")):
+        assert not bound(method, path), (method, path)
+    assert re.search(r'map "\$agui_thread_bound:\$http_x_agui_thread_id" \$agui_thread_header_missing', text)
+    assert "if ($agui_thread_header_missing)" in text and "return 400 '{\"error\":{\"code\":\"INVALID_INPUT\"" in text

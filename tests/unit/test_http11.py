@@ -37,13 +37,22 @@ from agui_adapter.http11 import (
 DATE = "Wed, 02 Dec 2026 19:00:00 GMT"
 
 
+def with_host(head: bytes) -> bytes:
+    """``head`` with a ``Host`` line after its request line unless it has one (HTTP/1.1 needs
+    it: the tests of the Host rules call ``parse_request_head`` themselves)."""
+    line, sep, rest = head.partition(b"\n")
+    if not sep or b"\nhost:" in head.lower():
+        return head
+    return line + sep + b"Host: t" + (b"\r\n" if line.endswith(b"\r") else b"\n") + rest
+
+
 def request(head: bytes, max_headers: int = 100) -> Request:
-    return parse_request_head(head, max_headers)
+    return parse_request_head(with_host(head), max_headers)
 
 
 def refusal(head: bytes, max_headers: int = 100) -> tuple[int, str]:
     with pytest.raises(ProtocolError) as caught:
-        parse_request_head(head, max_headers)
+        parse_request_head(with_host(head), max_headers)
     return caught.value.status, caught.value.code
 
 
@@ -160,9 +169,9 @@ def test_bad_request_heads_are_refused_with_their_status(head: bytes, status: in
 
 
 def test_more_headers_than_allowed_is_431() -> None:
-    head = b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 3 + b"\r\n"
-    assert request(head, max_headers=3).headers == [("X-A", "b")] * 3
-    assert refusal(head, max_headers=2) == (431, "HEADERS_TOO_LARGE")
+    head = b"GET / HTTP/1.1\r\nHost: t\r\n" + b"X-A: b\r\n" * 3 + b"\r\n"
+    assert request(head, max_headers=4).headers == [("Host", "t")] + [("X-A", "b")] * 3
+    assert refusal(head, max_headers=3) == (431, "HEADERS_TOO_LARGE")
 
 
 @pytest.mark.parametrize(
@@ -174,6 +183,7 @@ def test_more_headers_than_allowed_is_431() -> None:
         ("HTTP/1.0", None, False),
         ("HTTP/1.0", "keep-alive", True),
         ("HTTP/1.0", "close", False),
+        ("HTTP/1.0", "keep-alive, close", False),  # kept alive before issue 19 (found by the h11 oracle)
     ],
 )
 def test_keep_alive_follows_the_version_and_the_connection_header(
@@ -194,7 +204,7 @@ def test_keep_alive_follows_the_version_and_the_connection_header(
         ("HTTP/1.1", [("content-length", "12")], BodyFraming(length=12)),
         ("HTTP/1.1", [("Content-Length", "7, 7"), ("Content-Length", "7")], BodyFraming(length=7)),
         ("HTTP/1.1", [("Transfer-Encoding", "Chunked")], BodyFraming(chunked=True)),
-        ("HTTP/1.1", [("Transfer-Encoding", "chunked, ")], BodyFraming(chunked=True)),
+        ("HTTP/1.1", [("Transfer-Encoding", "\tchunked ")], BodyFraming(chunked=True)),
         ("HTTP/1.0", [("Content-Length", "3")], BodyFraming(length=3)),
     ],
 )
@@ -224,6 +234,19 @@ def test_framing_kinds() -> None:
         ("HTTP/1.1", [("Transfer-Encoding", "gzip, chunked")], 501, "chunked"),
         ("HTTP/1.1", [("Transfer-Encoding", "chunked"), ("Transfer-Encoding", "chunked")], 501, "chunked"),
         ("HTTP/1.0", [("Transfer-Encoding", "chunked")], 400, "HTTP/1.1"),
+        # empty list elements were dropped before issue 19: now refused, as h11 does
+        ("HTTP/1.1", [("Transfer-Encoding", "chunked, ")], 400, "malformed"),
+        ("HTTP/1.1", [("Transfer-Encoding", ", chunked")], 400, "malformed"),
+        ("HTTP/1.1", [("Transfer-Encoding", "")], 400, "malformed"),
+        ("HTTP/1.1", [("Transfer-Encoding", "\x0bchunked")], 400, "malformed"),  # VT is no whitespace
+        ("HTTP/1.1", [("Transfer-Encoding", "chunked\xa0")], 400, "malformed"),  # nor is NBSP
+        ("HTTP/1.1", [("Transfer-Encoding", "chunked;x=1")], 400, "malformed"),
+        ("HTTP/1.1", [("Transfer-Encoding", "chunked, gzip")], 501, "chunked"),
+        ("HTTP/1.1", [("Content-Length", "5\xa0")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "\x0c5")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "5, ")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "+5")], 400, "Content-Length"),
+        ("HTTP/1.1", [("Content-Length", "\xb2")], 400, "Content-Length"),  # a digit to str.isdigit
     ],
 )
 def test_conflicting_or_invalid_framing_is_refused(
@@ -288,7 +311,7 @@ def test_a_chunked_body_is_decoded_whatever_the_pieces(piece: int, size: int) ->
 
 def test_the_bytes_past_the_body_are_handed_back() -> None:
     decoder = ChunkedDecoder()
-    decoder.feed(b"3\r\nabc\n0\n\nGET / HTTP/1.1\r\n\r\n")
+    decoder.feed(b"3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n")
     assert decoder.unused == b""  # not over yet
     assert decoder.read() == b"abc"
     assert not decoder.done
@@ -327,6 +350,21 @@ def test_the_decoder_needs_the_whole_line_before_it_decides() -> None:
         b"1" + b" " * 5000 + b"\r\n",
         b"0\r\nX-Trailer: " + b"a" * 9000 + b"\r\n\r\n",
         b"0\r\n" + b"X-T: 1\r\n" * 1200 + b"\r\n",
+        # lenient forms accepted before issue 19, refused as h11 and waitress refuse them
+        b"a\nhelloworld\r\n",
+        b" 5\r\nhello\r\n",
+        b"\t5\r\nhello\r\n",
+        b"5\r\nhello\n0\r\n\r\n",
+        b"5\r\r\nhello\r\n",
+        b"5 ;x\r\nhello\r\n",
+        b"5;\x00\r\nhello\r\n",
+        b"5;a\rb\r\nhello\r\n",
+        b"\x0b5\r\nhello\r\n",
+        b"0\r\n\n",
+        b"0\r\nX-T: 1\n\r\n",
+        b"0\r\nX-T: a\x0bb\r\n\r\n",
+        b"0\r\nBad Name: 1\r\n\r\n",
+        b"0\r\n folded\r\n\r\n",
     ],
     ids=[
         "not-hex",
@@ -342,6 +380,20 @@ def test_the_decoder_needs_the_whole_line_before_it_decides() -> None:
         "size-line-too-long",
         "trailer-line-too-long",
         "trailers-too-large",
+        "bare-lf-after-size",
+        "space-before-size",
+        "tab-before-size",
+        "bare-lf-after-data",
+        "cr-cr-lf",
+        "space-before-extension",
+        "nul-in-extension",
+        "cr-in-extension",
+        "vt-before-size",
+        "bare-lf-ending-trailers",
+        "bare-lf-after-trailer",
+        "vt-in-trailer",
+        "bad-trailer-name",
+        "folded-trailer",
     ],
 )
 def test_bad_chunk_framing_is_a_400(body: bytes) -> None:
@@ -367,9 +419,9 @@ def test_a_size_line_is_refused_as_soon_as_it_is_too_long() -> None:
     "line,size",
     [
         (b"0\r\n", 0),
-        (b"a\n", 10),
+        (b"a\r\n", 10),
         (b"FfF; name=value\r\n", 0xFFF),
-        (b" 1f \t\r\n", 0x1F),
+        (b"1f \t\r\n", 0x1F),  # trailing whitespace, as h11 takes it (never leading)
         (b"f" * 15 + b"\r\n", 16**15 - 1),
     ],
 )
@@ -377,9 +429,10 @@ def test_chunk_size_lines(line: bytes, size: int) -> None:
     assert parse_chunk_size(line) == size
 
 
-def test_a_chunk_size_line_must_end_with_lf() -> None:
-    with pytest.raises(ProtocolError):
-        parse_chunk_size(b"5\r")
+def test_a_chunk_size_line_must_end_with_crlf() -> None:
+    for line in (b"5\r", b"5\n", b" 5\r\n", b"5\r\r\n"):
+        with pytest.raises(ProtocolError):
+            parse_chunk_size(line)
 
 
 def test_response_chunks() -> None:
@@ -520,10 +573,11 @@ def test_error_responses_are_json_and_close() -> None:
     st.lists(st.integers(1, 30), min_size=1, max_size=20),
     st.booleans(),
 )
-def test_read_available_gives_every_chunk_at_hand(pieces: list[bytes], cuts: list[int], lf_only: bool) -> None:
+def test_read_available_gives_every_chunk_at_hand(pieces: list[bytes], cuts: list[int], extension: bool) -> None:
     """``read_available`` returns what ``read`` would over several calls, however the bytes arrive."""
-    end = b"\n" if lf_only else b"\r\n"
-    wire = b"".join(b"%x%s%s%s" % (len(p), end, p, end) for p in pieces) + b"0" + end + end + b"NEXT"
+    end = b"\r\n"
+    ext = b";n=v" if extension else b""
+    wire = b"".join(b"%x%s%s%s%s" % (len(p), ext, end, p, end) for p in pieces) + b"0" + end + end + b"NEXT"
     decoder = ChunkedDecoder()
     got: list[bytes] = []
     offset = 0
@@ -565,8 +619,11 @@ def test_the_head_s_framing_is_what_the_general_rules_say(version: str, headers:
     ``wants_keep_alive`` would, refusals included."""
     head = (f"POST / {version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n").encode("utf-8")
     parsed_headers = [(n, v.strip(" \t")) for n, v in headers]
+    hosts = [v for n, v in parsed_headers if n == "Host"]
     try:
         expected: object = (wants_keep_alive(version, parsed_headers), body_framing(version, parsed_headers))
+        if len(hosts) > 1 or (version == "HTTP/1.1" and not hosts) or not re.fullmatch(r"[!-~]*", "".join(hosts)):
+            expected = 400  # after the framing's rules: no Host, two, or one spaced or non-ASCII
     except ProtocolError as err:
         expected = err.status
     try:
@@ -581,9 +638,75 @@ def test_the_head_s_framing_is_what_the_general_rules_say(version: str, headers:
 def test_take_head_finds_the_first_end_of_a_head(buf: bytes, scanned: int) -> None:
     """The CRLF shortcut of ``take_head`` ends the head where the general pattern does."""
     head, rest = take_head(buf, 1 << 20, min(scanned, len(buf)))
-    stripped = buf.lstrip(b"\r\n")
+    stripped = re.sub(rb"^(?:\r?\n)+", b"", buf)  # empty lines first, never a lone CR
     match = re.compile(rb"\r?\n\r?\n").search(stripped, max(0, min(scanned, len(buf)) - 3))
     if match is None:
         assert head is None and rest == stripped
     else:
         assert head == stripped[: match.end()] and rest == stripped[match.end() :]
+
+
+# ====================================================================== issue 19: as strict as h11
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\rb\r\n\r\n",  # a bare CR in a value
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\r\r\n\r\n",  # a bare CR before the CRLF
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x0bb\r\n\r\n",  # VT
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x0cb\r\n\r\n",  # FF
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x01b\r\n\r\n",  # SOH (h11 takes it: stricter is fine)
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x1fb\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x7fb\r\n\r\n",  # DEL
+        b"GET / HTTP/1.1\r\nHost: t\r\nX: \x00\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: t\r\nX\x0b: a\r\n\r\n",  # a control byte in a name
+        b"GET / HTTP/1.1\r\nHost: t\r\nX : a\r\n\r\n",  # whitespace before the colon
+        b"GET / HTTP/1.1\r\nHost: t\r\n\xe9: a\r\n\r\n",  # a name that is no token
+        b"GET / HTTP/1.1\r\nHost: t\r\n: a\r\n\r\n",  # an empty name
+        b"GET / HTTP/1.1\r\n\tX: a\r\nHost: t\r\n\r\n",  # a continuation line first
+        b"GET / HTTP/1.1\rHost: t\r\n\r\n",  # a bare CR ending the request line
+        b"GET /\x0b HTTP/1.1\r\nHost: t\r\n\r\n",  # a control byte in the target
+        b"GET /\x7f HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /\xe9 HTTP/1.1\r\nHost: t\r\n\r\n",  # non-ASCII in the target
+        b"GET /a\tb HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET\x0b/ HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET / HTTP/1.1\r\n\r\n",  # no Host on HTTP/1.1
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",  # two different
+        b"GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",  # two equal: still two (RFC 9112 3.2)
+        b"GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n",  # on HTTP/1.0 too
+        b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",  # not a uri-host
+        b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a@b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a:b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: \xe9.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\xa0\r\n\r\n",  # NBSP is no whitespace
+        b"GET / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: \x0bchunked\r\n\r\n",
+    ],
+)
+def test_what_rfc_9110_and_h11_refuse_is_a_400(head: bytes) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_request_head(head, 100)
+    assert (caught.value.status, caught.value.code) == (400, "BAD_REQUEST")
+
+
+@pytest.mark.parametrize(
+    "head,header",
+    [
+        (b"GET / HTTP/1.1\r\nHost: t\r\nX: caf\xe9\r\n\r\n", ("X", "caf\xe9")),  # obs-text, as h11
+        (b"GET / HTTP/1.1\r\nHost: t\r\nX: \t a \t b \t\r\n\r\n", ("X", "a \t b")),
+        (b"GET / HTTP/1.1\r\nHost: t\r\nX:\r\n\r\n", ("X", "")),
+        (b"GET / HTTP/1.1\nHost: t\nX: y\n\n", ("X", "y")),  # bare LF line ends, as h11 reads them
+        (b"GET / HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n", ("Host", "[::1]:8080")),
+        (b"GET / HTTP/1.1\r\nHost: \r\n\r\n", ("Host", "")),  # an empty Host is allowed
+        (b"GET / HTTP/1.0\r\nX: y\r\n\r\n", ("X", "y")),  # HTTP/1.0 needs no Host
+    ],
+)
+def test_what_rfc_9110_allows_is_accepted(head: bytes, header: tuple[str, str]) -> None:
+    assert header in parse_request_head(head, 100).headers
+
+
+def test_empty_lines_before_a_request_are_crlf_or_lf_never_a_lone_cr() -> None:
+    assert take_head(b"\r\n\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n", 1024)[0] == b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+    head, _ = take_head(b"\r\rGET / HTTP/1.1\r\nHost: t\r\n\r\n", 1024)
+    assert head is not None and head.startswith(b"\r\r")
+    with pytest.raises(ProtocolError):
+        parse_request_head(head, 100)

@@ -243,9 +243,80 @@ def test_pipeline_capture_maps_steps_text_tools_and_customs() -> None:
     recovered: list[dict] = []
     for envelope in journal:
         second.map_envelope(envelope, 4, recovered)
-    sequences = [e["value"]["sequence"] for e in recovered if e["type"] == "CUSTOM"]
-    assert sequences == [19]  # nothing delivered twice, nothing lost
+    # 19 is pipeline_completed pending the kernel's backup, the twin of 21 (delivered live):
+    # handled, never sent; nothing delivered twice, nothing lost
+    assert [e for e in recovered if e["type"] == "CUSTOM"] == []
     assert progress.high_water == 24
+
+
+def envelope(sequence: int, kind: str, event_id: str, **extra: Any) -> dict[str, Any]:
+    return {"eventType": kind, "sequence": sequence, "eventId": event_id, "pipelineRunId": "pr-1", **extra}
+
+
+@pytest.mark.parametrize(
+    "pending",
+    [
+        {"visibility": "pending_backup"},
+        {"data": {"visibility": "pending_backup"}},
+        {"data": {"backupPending": True}},
+    ],
+    ids=["visibility", "data-visibility", "backup-pending"],
+)
+def test_a_publication_pending_backup_is_never_sent(pending: dict[str, Any]) -> None:
+    from agui_adapter.pipeline import PipelineProgress, is_pending_publication
+
+    progress = PipelineProgress(high_water=18)
+    translator = RunTranslator("thread-p", "run-1", pipeline=progress)
+    out: list[dict] = []
+    twin = envelope(19, "pipeline_completed", "evt-pending", status="completed", **pending)
+    assert is_pending_publication(twin)
+    translator.map_envelope(twin, 2, out)
+    assert out == [] and progress.seen(19)  # handled: the gap fill does not ask for it again
+    translator.map_envelope(envelope(21, "pipeline_completed", "evt-committed", visibility="committed"), 2, out)
+    translator.map_envelope(twin, 2, out)  # the journal again, after the committed one went live
+    assert [(e["name"], e["value"]["eventId"]) for e in out] == [("iac-code.pipeline.v1", "evt-committed")]
+
+
+def test_the_committed_twin_is_sent_once_live_then_gap_fill_in_any_order() -> None:
+    from agui_adapter.pipeline import PipelineProgress
+
+    journal = [
+        envelope(19, "pipeline_completed", "e19", visibility="pending_backup", data={"totalSteps": 5}),
+        envelope(20, "pipeline_handoff_ready", "e20", visibility="pending_backup"),
+        envelope(21, "pipeline_completed", "e21", visibility="committed", data={"totalSteps": 5}),
+        envelope(22, "pipeline_handoff_ready", "e22", visibility="committed"),
+        envelope(23, "backup_committed", "e23", data={"committedEventId": "e21"}),
+        envelope(24, "backup_committed", "e24", data={"committedEventId": "e22"}),
+    ]
+    for live in ([journal[2]], [journal[3], journal[2]], []):
+        progress = PipelineProgress(high_water=18)
+        translator = RunTranslator("thread-p", "run-1", pipeline=progress)
+        out: list[dict] = []
+        for item in live:
+            translator.map_envelope(item, 2, out)
+        for item in journal:  # the gap fill: everything after the high water
+            translator.map_envelope(item, 3, out)
+        kinds = [(e["value"]["eventType"], e["value"]["sequence"]) for e in out if e["type"] == "CUSTOM"]
+        assert kinds == [("pipeline_completed", 21)]
+        assert progress.high_water == 24
+
+
+def test_a_pending_publication_never_committed_leaves_only_backup_blocked() -> None:
+    # the kernel's backup failed: no committed twin, a backup_blocked event instead; the kernel's
+    # snapshot drops the pending terminal and waits for input, and so does the client's view
+    from agui_adapter.pipeline import PipelineProgress
+
+    progress = PipelineProgress(high_water=18)
+    translator = RunTranslator("thread-p", "run-1", pipeline=progress)
+    out: list[dict] = []
+    for item in (
+        envelope(19, "pipeline_completed", "e19", visibility="pending_backup"),
+        envelope(20, "pipeline_handoff_ready", "e20", visibility="pending_backup"),
+        envelope(21, "backup_blocked", "e21", status="waiting_input", data={"reason": "terminal"}),
+    ):
+        translator.map_envelope(item, 2, out)
+    assert [e["value"]["eventType"] for e in out if e["type"] == "CUSTOM"] == ["backup_blocked"]
+    assert progress.high_water == 21
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -292,3 +292,34 @@ def test_workspaces_refuse_what_resolve_workspace_refuses(tmp_path: Path) -> Non
             resolve_workspace(raw, [root], [state])
         assert (fast.value.message, fast.value.params) == (slow.value.message, slow.value.params), raw
     assert workspaces.resolve(str(root / "a" / ".." / "b")) == resolve_workspace(str(root / "b"), [root]) == root / "b"
+
+
+def test_ensure_workspace_makes_deep_paths_without_recursing(tmp_path: Path) -> None:
+    # deeper than the interpreter's recursion limit: Path.mkdir(parents=True) raised RecursionError
+    deep = Path(str(tmp_path) + "/d" * 1100)
+    try:
+        ensure_workspace(deep)
+        assert deep.is_dir()
+        ensure_workspace(deep)  # already there
+    finally:  # shutil.rmtree, which cleans tmp_path up, recurses too
+        for path in (deep, *deep.parents):
+            if path == tmp_path:
+                break
+            if path.is_dir():
+                path.rmdir()
+
+
+def test_ensure_workspace_refuses_whatever_fails(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for path in (tmp_path / "file" / "sub", Path(str(tmp_path) + "/" + "n" * 300)):
+        with pytest.raises(AguiError) as caught:
+            ensure_workspace(path)
+        assert caught.value.code == "INVALID_INPUT"
+        assert caught.value.message == messages.CWD_CANNOT_CREATE
+
+
+def test_paths_too_deep_or_too_long_are_refused_before_anything_is_made(root: Path) -> None:
+    for suffix in ("/d" * 129, "/x" * 2100, "/" + "n" * 256, "/a/" + "é" * 128):
+        refused(str(root) + suffix, [root], messages.CWD_INVALID)
+    assert snapshot(root) == set()
+    assert resolve_workspace(str(root) + "/d" * 100, [root]) == Path(str(root) + "/d" * 100)
