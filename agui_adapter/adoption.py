@@ -132,6 +132,13 @@ class Adoption:
         self.engine = engine
         self._scanner: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._taking: set[str] = set()  # threads whose run this process is taking over right now
+
+    def taking_over(self, thread_id: str) -> bool:
+        """Whether this process is taking over a run of the thread right now (it holds the
+        thread and has not heard from the kernel yet: the run may end at once)."""
+        with self._lock:
+            return thread_id in self._taking
 
     # ------------------------------------------------------------------ triggers
     def start(self) -> None:
@@ -219,11 +226,16 @@ class Adoption:
         run_lock = engine.store.try_lock_run(thread_id)
         if run_lock is None:
             return self._conclude(writer, events, last, language, "another run holds its thread")
+        with self._lock:
+            self._taking.add(thread_id)
         try:
             return self._adopt_locked(directory, writer, events, last, meta, thread_id, run_id, language, run_lock)
         except BaseException:
             run_lock.release()
             raise
+        finally:
+            with self._lock:
+                self._taking.discard(thread_id)
 
     def _adopt_locked(
         self,

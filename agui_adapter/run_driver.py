@@ -625,8 +625,9 @@ class RunDriver:
         return cancel_and_retire
 
     def settling(self) -> bool:
-        """Whether the run was adopted and has not heard from the kernel yet (``adoption``)."""
-        return self.machine.adopted and self.machine.reconciling and not self.machine.ended
+        """Whether the run was adopted and has not heard from the kernel yet (``adoption``), or
+        heard that the task is gone and is about to give the thread back."""
+        return self.machine.adopted and self.machine.reconciling and self._run_lock is not None
 
     @property
     def holds_thread(self) -> bool:

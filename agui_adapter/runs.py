@@ -60,7 +60,7 @@ RETRY_AFTER_SECONDS = 2
 #: has just hung up (it is ending and giving the thread back), before THREAD_BUSY.
 LEAVING_RUN_WAIT_SECONDS = 2.0
 #: How long a new turn waits for a run it made adopt to end by itself (its task was gone).
-ADOPTED_END_WAIT_SECONDS = 1.0
+ADOPTED_END_WAIT_SECONDS = 2.0
 
 
 def context_id_for(thread_id: str) -> str:
@@ -262,7 +262,11 @@ class RunEngine:
         or when the holder would go on without its client (a grace period, other readers)."""
         with self._live_lock:
             holders = [d for d in self._live if d.thread_id == thread_id and d.holds_thread]
-        settling = any(d.settling() for d in holders)  # adopted, the kernel not heard yet: may end at once
+
+        def adopting() -> bool:  # adopted, the kernel not heard yet: the run may end at once
+            return self.adoption.taking_over(thread_id) or any(d.settling() for d in holders)
+
+        settling = adopting()
         if not settling and self.settings.disconnect_grace_seconds > 0:
             return None
         if not settling and not any([d.hung_up_now() for d in holders]):
@@ -274,6 +278,11 @@ class RunEngine:
             if run_lock is not None:
                 log.info("thread %s: the run holding it ended as its client left; admitting the next", thread_id)
                 return run_lock
+            if settling and not adopting():
+                with self._live_lock:
+                    holders = [d for d in self._live if d.thread_id == thread_id and d.holds_thread]
+                if not adopting():
+                    return None  # the adopted run heard from the kernel: it goes on, the thread is busy
         return None
 
     def _check_admission(
