@@ -37,6 +37,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
 
+#: ``--on-shutdown``: leave open runs to the kernel for the next process, or end them.
+ON_SHUTDOWN_CHOICES = ("handover", "cancel")
+
+
 class ConfigError(ValueError):
     """A setting has an invalid value; the message names it."""
 
@@ -84,11 +88,21 @@ class Settings:
     replay_buffer_bytes: int = 4 * 1024 * 1024
     #: How long a run goes on without a client before it is cancelled; 0: at once (the contract).
     disconnect_grace_seconds: float = 0.0
+    #: What SIGTERM does to runs still open after the shutdown grace: ``handover`` leaves them
+    #: to the kernel for the next process to adopt, ``cancel`` ends them; "" chooses
+    #: (``on_shutdown_mode``): handover with an external kernel, cancel with our own.
+    on_shutdown: str = ""
     # --- upstream's ``iac-code agui`` options
     #: Exit when no run has been active (and no interrupt pending) for this long; 0: never.
     idle_shutdown: float = 0.0
     #: Log lines to stdout instead of stderr (upstream mirrors its log file to stdout).
     log_stdout: bool = False
+
+    def on_shutdown_mode(self) -> str:
+        """``handover`` or ``cancel``: the setting, or handover when the kernel outlives us."""
+        if self.on_shutdown:
+            return self.on_shutdown
+        return "handover" if self.a2a_url else "cancel"
 
     def resolved_state_dir(self, env: Mapping[str, str] | None = None) -> Path:
         env = os.environ if env is None else env
@@ -128,6 +142,7 @@ ENV_NAMES: dict[str, str] = {
     "replay_retention_seconds": "IAC_CODE_AGUI_REPLAY_RETENTION_SECONDS",
     "replay_buffer_bytes": "IAC_CODE_AGUI_REPLAY_BUFFER_BYTES",
     "disconnect_grace_seconds": "IAC_CODE_AGUI_DISCONNECT_GRACE_SECONDS",
+    "on_shutdown": "IAC_CODE_AGUI_ON_SHUTDOWN",
     "idle_shutdown": "IAC_CODE_AGUI_IDLE_SHUTDOWN",
     "log_stdout": "IAC_CODE_AGUI_LOG_STDOUT",
 }
@@ -217,6 +232,8 @@ def _coerce(name: str, value: Any) -> Any:
     if name == "cors_origins":
         return _cors_origins(value)
     text = str(value).strip() if name not in ("a2a_token", "auth_token") else str(value)
+    if name == "on_shutdown" and text not in ("", *ON_SHUTDOWN_CHOICES):  # "": chosen by the kernel
+        raise ConfigError(f"on_shutdown must be one of {', '.join(ON_SHUTDOWN_CHOICES)}, got {text!r}.")
     if name == "kernel" and text not in KERNEL_CHOICES:
         raise ConfigError(f"kernel must be one of {', '.join(KERNEL_CHOICES)}, got {text!r}.")
     if name == "log_level":

@@ -26,7 +26,15 @@ Layout, per run: ``<state>/journal/<thread key>/<run key>/``
   for nothing. The run's writer counts them (``JournalWriter.readers``) to know when the
   last one left: that starts the disconnect grace period.
 * The writer holds an OS lock on the run's directory for the run's life: a directory
-  without an end and without a holder is a run whose process died.
+  without an end and without a holder is a run whose process died (or handed it over at
+  shutdown). Another process may then take the lock and become the run's writer
+  (``claim_writer``; ``adoption``): it goes on appending after the journal's last id.
+* ``run.json``: what a process adopting the run needs to know of it and the journal does
+  not say (its mode, rosInvocationId, cwd, language, run mode); never a secret.
+* ``pipeline.json``: for a pipeline run, the kernel journal's sequences its events delivered
+  (written after each chunk), so that an adopter does not deliver them twice.
+* ``handed-over``: written when a process stopping gracefully left the run to the kernel
+  (``--on-shutdown handover``); the next process adopts it.
 
 Journals live for ``replay_retention_seconds`` after their run's last write
 (``JournalStore.sweep``, from a daemon thread in each process). They hold only events,
@@ -48,6 +56,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from . import events as ev
 from .events import HEARTBEAT, Event
@@ -58,6 +67,9 @@ log = logging.getLogger("agui_adapter.journal")
 END = b": end\n\n"
 _SEGMENT_SUFFIX = ".sse"
 _READERS = "readers"
+RUN_META = "run.json"
+HANDED_OVER = "handed-over"
+PIPELINE_NOTE = "pipeline.json"
 _NEW, _NEW_LIFETIME = ".new-", 3600.0
 #: How often a follower checks that the run's process is alive (and its client still there).
 READER_REFRESH_SECONDS = 1.0
@@ -91,6 +103,65 @@ def _segments(directory: Path) -> list[int]:
         if name.endswith(_SEGMENT_SUFFIX) and name[:-4].isdigit():
             starts.append(int(name[:-4]))
     return sorted(starts)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    """The run's ``run.json`` (None when absent or unreadable)."""
+    try:
+        data = json.loads((directory / RUN_META).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_pipeline_note(directory: Path) -> dict[str, Any] | None:
+    """The run's ``pipeline.json`` (None when absent or unreadable)."""
+    try:
+        data = json.loads((directory / PIPELINE_NOTE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def mark_handed_over(directory: Path, when: float) -> None:
+    """Journal that the run was left running in the kernel by a process stopping."""
+    with contextlib.suppress(OSError):
+        _write_private(directory / HANDED_OVER, json.dumps({"at": when, "pid": os.getpid()}).encode("utf-8"))
+
+
+def scan_run(directory: Path) -> tuple[int, bool, list[dict[str, Any]]]:
+    """What a run's journal holds: its last event id, whether it ended, and its events
+    (those of the segments still kept), parsed."""
+    last, ended, events = 0, False, []
+    for start in _segments(directory):
+        try:
+            data = (directory / _segment_name(start)).read_bytes()
+        except FileNotFoundError:
+            continue
+        for frame in data.split(b"\n\n")[:-1]:
+            if frame + b"\n\n" == END:
+                ended = True
+                continue
+            if not frame.startswith(b"id: "):
+                continue
+            head, _, body = frame.partition(b"\ndata: ")
+            try:
+                frame_id, event = int(head[4:]), json.loads(body)
+            except ValueError:
+                continue
+            if frame_id > last:
+                last = frame_id
+                if isinstance(event, dict):
+                    events.append(event)
+    return last, ended, events
 
 
 # ====================================================================== readers
@@ -165,8 +236,9 @@ class JournalStore:
     def run_dir(self, thread_id: str, run_id: str) -> Path:
         return self.root / thread_key(thread_id) / thread_key(run_id)
 
-    def open_writer(self, thread_id: str, run_id: str) -> JournalWriter:
-        """The journal of a run that starts now (OSError when the disk refuses).
+    def open_writer(self, thread_id: str, run_id: str, meta: dict[str, Any] | None = None) -> JournalWriter:
+        """The journal of a run that starts now (OSError when the disk refuses); ``meta``
+        goes to ``run.json`` (what an adopting process needs, ``adoption``).
 
         It is made under a temporary name and renamed into place once its writer holds it,
         so that a sweeper (of any process) never takes a new journal for a dead one."""
@@ -179,6 +251,8 @@ class JournalStore:
                 directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.chmod(self.root, 0o700)
                 fresh = Path(tempfile.mkdtemp(prefix=_NEW, dir=directory.parent))
+                if meta is not None:
+                    _write_private(fresh / RUN_META, json.dumps(meta).encode("utf-8"))
                 writer = JournalWriter(fresh, self.buffer_bytes)
                 os.rename(fresh, directory)
             except FileNotFoundError:  # a sweeper removed the empty thread directory meanwhile
@@ -324,6 +398,57 @@ class JournalWriter:
         self._fd: int | None = None
         self._open_segment(1)
         self._ended = False
+
+    @classmethod
+    def claim(cls, directory: Path, buffer_bytes: int, attempts: int = 20) -> JournalWriter | None:
+        """Become the writer of a run whose writer is gone (``adoption``): the directory's
+        lock taken without waiting (None while a live process holds it; a reader probing
+        the lock for a moment is waited out), appends going on in its newest segment."""
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+        for attempt in range(attempts):
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or attempt == attempts - 1:
+                    os.close(dir_fd)
+                    return None
+                time.sleep(0.005)
+        writer = cls.__new__(cls)
+        writer.directory = directory
+        writer._segment_limit = max(1, buffer_bytes // 4)
+        writer._buffer_bytes = buffer_bytes
+        writer._dir_fd = dir_fd
+        writer._own = None  # an adopted run has no client of its own: its readers reattach
+        writer._sizes = []
+        for start in _segments(directory):
+            with contextlib.suppress(FileNotFoundError):
+                writer._sizes.append((start, (directory / _segment_name(start)).stat().st_size))
+        writer._fd = None
+        writer._ended = False
+        if writer._sizes:
+            path = directory / _segment_name(writer._sizes[-1][0])
+            writer._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        else:
+            writer._open_segment(1)
+        with contextlib.suppress(OSError):
+            os.unlink(directory / HANDED_OVER)
+        return writer
+
+    def note_pipeline(self, progress: dict[str, Any]) -> None:
+        """Keep beside the events which pipeline envelopes they delivered (``pipeline.json``,
+        replaced whole): an adopter asks the kernel's journal only for what follows."""
+        temporary = self.directory / f".{PIPELINE_NOTE}"
+        _write_private(temporary, json.dumps(progress).encode("utf-8"))
+        os.replace(temporary, self.directory / PIPELINE_NOTE)
+
+    def hand_over(self, when: float) -> None:
+        """The process stops and leaves the run to the kernel: journal it, let go without an end."""
+        mark_handed_over(self.directory, when)
+        self.close()
 
     def moved_to(self, directory: Path) -> None:
         """The journal was renamed into place (``JournalStore.open_writer``)."""
@@ -593,12 +718,15 @@ def follow(
     lost: Callable[[int], bytes] | None = None,
     poll_seconds: float = POLL_SECONDS,
     client_gone: Callable[[], bool] | None = None,
+    adopt: Callable[[], bool] | None = None,
 ) -> Iterator[bytes]:
     """The chunks a reattached client is sent: the journal after its id, then the run's
     new events as they come (one chunk per poll that found some), a heartbeat while the
     run is silent, until the run's end, its client hanging up (``client_gone``, asked every
     ``CLIENT_CHECK_SECONDS`` when the server offers it), or the run's process dying without
-    an end (then ``lost(next id)``, a final event, if given). A reader so slow that the
+    an end: then ``adopt()``, when given, lets this process take the run over (or finds
+    another did) and the reader goes on following; else ``lost(next id)``, a final event, if
+    given. A reader so slow that the
     events it needs fell out of the journal meanwhile just ends: its client's next reattach
     is answered ``REPLAY_UNAVAILABLE``."""
     now = time.monotonic()
@@ -622,7 +750,11 @@ def follow(
                     data = reader.read()  # the last appends before the process went
                     if data:
                         yield data
-                    if not reader.ended and lost is not None:
+                    if reader.ended:
+                        return
+                    if adopt is not None and adopt():
+                        continue  # a live writer again (this process, or another): follow it
+                    if lost is not None:
                         yield lost(reader.last_id + 1)
                     return
             if not data:

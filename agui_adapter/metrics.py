@@ -85,6 +85,7 @@ FIRST_EVENT = (
 RUN_DURATION = ("agui_run_duration_seconds", "Seconds from a run's admission to its end, by run mode and outcome.")
 DISCONNECTS = ("agui_sse_clients_disconnected_total", "SSE clients that went away before their run ended.")
 REATTACHES = ("agui_reattaches_total", "Streams of a run opened again with Last-Event-ID or GET .../events.")
+ADOPTIONS = ("agui_runs_adopted_total", "Runs taken over from an adapter process that died or handed them over.")
 KERNEL_CALLS = (
     "agui_kernel_call_seconds",
     "Seconds an A2A call to the kernel takes, by method (a stream: until its answer starts).",
@@ -499,6 +500,7 @@ class Metrics:
         self._duration = make("histogram", *RUN_DURATION, labelnames=labels, buckets=DURATION_BUCKETS)
         self._disconnects = make("counter", *DISCONNECTS)
         self._reattaches = make("counter", *REATTACHES)
+        self._adoptions = make("counter", *ADOPTIONS)
         self._kernel_calls = make("histogram", *KERNEL_CALLS, labelnames=("method",), buckets=KERNEL_CALL_BUCKETS)
         self._kernel_errors = make("counter", *KERNEL_ERRORS, labelnames=("method", "kind"))
         self._state_writes = make("histogram", *STATE_WRITES, labelnames=("durable",), buckets=STATE_WRITE_BUCKETS)
@@ -594,6 +596,9 @@ class Metrics:
 
     def reattached(self) -> None:
         self._reattaches.inc()
+
+    def adopted(self) -> None:
+        self._adoptions.inc()
 
     def http_request(self, route: str, status: str) -> None:
         self._http.labels(route, status).inc()

@@ -23,6 +23,12 @@ the run, ``close()`` does not end the run: it goes on, on a thread of its own, i
 journal, until it ends or nobody has been attached for the grace period (counted from the
 last reader leaving; the machine's ``abandoned``).
 
+At shutdown with ``--on-shutdown handover`` (``shut_down(hand_over=True)``), a run that did not
+end in the shutdown grace is left running in the kernel: its stream stops without a terminal
+event, its thread is given back and its journal is let go, marked handed over, for the next
+process to adopt (``adoption``, whose ``AdoptedDriver`` is this driver without a client of its
+own, going on in the journal after its last id).
+
 A client that hangs up is noticed while the run waits for its next event, not only when a
 write fails: when the server offers it (the built-in server's ``agui.client_gone``), the
 stream asks on every idle tick whether its client is still there, and ends as on a
@@ -104,6 +110,8 @@ class RunDriver:
         self._reader = FrameReader()
         self._body = self._stream()
         self._shutdown = threading.Event()
+        self._hand_over = threading.Event()  # shutdown with --on-shutdown handover
+        self._handed_over = False
         self._clock: Callable[[], float] = engine.clock
         self._metrics = engine.metrics
         self._ids = (self.thread_id, self.run_id)
@@ -168,7 +176,7 @@ class RunDriver:
                 try:
                     self._body.close()
                 finally:
-                    if not self.machine.ended:
+                    if not self.machine.ended and not self._handed_over:
                         self._metrics.client_disconnected()
                         self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
@@ -204,12 +212,29 @@ class RunDriver:
         """Whether the run's own client still reads it (a run without a journal)."""
         return not self._detached
 
-    def shut_down(self) -> None:
-        """From another thread: end the run now with its final event (``shutting_down``)."""
+    def shut_down(self, *, hand_over: bool = False) -> None:
+        """From another thread: end the run now with its final event (``shutting_down``), or,
+        with ``hand_over``, leave it running in the kernel: its stream closes without a
+        terminal event and the next process adopts it (``adoption``)."""
+        if hand_over:
+            self._hand_over.set()
         self._shutdown.set()
         pump = self._pump
         if pump is not None:
             pump.wake()
+
+    def _leave_to_kernel(self) -> None:
+        """Hand-over: stop reading the kernel (its task goes on), give the thread back, then
+        the journal (marked handed over, no end), in that order so that an adopter that
+        takes the journal finds the thread free."""
+        self._handed_over = True
+        if self._pump is not None:
+            self._pump.stop()
+        self._release()
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.hand_over(self._clock())
+        log.info("run %s: handed over; it goes on in the kernel, and the next adapter process adopts it", self.run_id)
 
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:
@@ -228,6 +253,9 @@ class RunDriver:
             except Empty:
                 items = []
             out = []
+            if self._hand_over.is_set() and self._journal is not None and machine.task_id:
+                self._leave_to_kernel()
+                return
             if self._shutdown.is_set() or self._abandon.is_set():
                 now = self._clock()
                 effects = machine.shutting_down(now) if self._shutdown.is_set() else machine.abandoned(now)
@@ -328,8 +356,20 @@ class RunDriver:
 
     # ------------------------------------------------------------------ the journal (reattach)
     def _open_journal(self) -> None:
+        props = self.machine.run_input.props
+        meta = {  # what a process adopting the run needs (``adoption``); never a secret
+            "threadId": self.thread_id,
+            "runId": self.run_id,
+            "parentRunId": self.machine.run_input.parent_run_id,
+            "mode": self.machine.mode.value,
+            "language": self.machine.language,
+            "rosInvocationId": props.ros_invocation_id,
+            "preferredLanguage": props.preferred_language,
+            "runMode": props.run_mode,
+            "pipelineName": props.pipeline_name,
+        }
         try:
-            self._journal = self.engine.journals.open_writer(self.thread_id, self.run_id)
+            self._journal = self.engine.journals.open_writer(self.thread_id, self.run_id, meta)
         except OSError as exc:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
 
@@ -346,6 +386,11 @@ class RunDriver:
             return
         if self._terminal_encoded:  # ended with the terminal event: a reader that has it gets 204 at once
             self._journal_end()
+        elif self.machine.translator.pipeline_seen:  # for an adopter: what the kernel's journal delivered
+            try:
+                journal.note_pipeline(self.machine.translator.pipeline.to_json())
+            except OSError as exc:
+                log.warning("run %s: could not note the pipeline's progress: %s", self.run_id, exc)
 
     def _journal_end(self) -> None:
         journal, self._journal = self._journal, None
@@ -400,12 +445,16 @@ class RunDriver:
         )
         thread.start()
 
+    def grace_seconds(self) -> float:
+        """How long the run goes on with nobody attached (``--disconnect-grace-seconds``)."""
+        return self.engine.settings.disconnect_grace_seconds
+
     def _go_on_detached(self) -> None:
         """Read the kernel into the journal until the run ends, or until nobody has been
         attached for the grace period (then the machine's ``abandoned``); with no grace
         period, until the last reader leaves."""
         token = RUN_IDS.set(self._ids)
-        grace = self.engine.settings.disconnect_grace_seconds
+        grace = self.grace_seconds()
         unattended_since: float | None = None
         next_check = 0.0
         try:
@@ -435,7 +484,7 @@ class RunDriver:
             log.exception("run %s: the detached run failed", self.run_id)
         finally:
             try:
-                if not self.machine.ended:
+                if not self.machine.ended and not self._handed_over:
                     self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
                 self._metrics.detached_run_ended()
@@ -574,6 +623,11 @@ class RunDriver:
                 log.warning("thread %s: could not retire an abandoned execution: %s", thread_id, exc)
 
         return cancel_and_retire
+
+    def settling(self) -> bool:
+        """Whether the run was adopted and has not heard from the kernel yet (``adoption``), or
+        heard that the task is gone and is about to give the thread back."""
+        return self.machine.adopted and self.machine.reconciling and self._run_lock is not None
 
     @property
     def holds_thread(self) -> bool:

@@ -42,6 +42,12 @@ The order rules of the contract live here, and only here:
    in the same write, the execution and its pending interrupts are retired and a lost
    session forgotten, so the next run on the thread starts cleanly. A task left running
    by a run whose adapter died (``stale_task_id``) is stopped before a new turn starts.
+
+An *adopted* run (``adopted_events``: a run another process began and died in, ``adoption``)
+starts from its journal's events instead of RUN_STARTED: the translator takes up the ids, spans
+and text they hold, the machine follows the kernel task again (``Follow``), and the task's
+snapshot, its first frame, gives back the text produced while nobody followed
+(``RunTranslator.reconcile``); a kernel that no longer has the task ends it ``EXECUTION_LOST``.
 """
 
 from __future__ import annotations
@@ -143,6 +149,8 @@ class RunMachine:
         parts: list[dict[str, Any]] | None = None,
         interrupt_ttl_seconds: float = 86400,
         stale_task_id: str | None = None,
+        adopted_events: list[dict[str, Any]] | None = None,
+        adopted_pipeline: dict[str, Any] | None = None,
     ) -> None:
         self.run_input = run_input
         self.mode = mode
@@ -180,6 +188,26 @@ class RunMachine:
         self._backlog: list[Any] = []  # frames not yet taken, while a write is awaited
         self._effects: list[Effect] = []
         self._ts = 0
+        # adoption: a run another process began and died in (``adoption``); its journal's events
+        self.adopted = adopted_events is not None
+        self._reconciling = self.adopted  # the first frame (the task's snapshot) gives back the gap
+        if adopted_events is not None:
+            self.translator.restore(adopted_events)
+            if adopted_pipeline is not None:  # the sequences the dead process delivered (``pipeline.json``)
+                noted, progress = PipelineProgress.from_json(adopted_pipeline), self.translator.pipeline
+                for sequence in sorted(noted.delivered | set(range(progress.high_water + 1, noted.high_water + 1))):
+                    progress.mark(sequence)
+                progress.run_id = progress.run_id or noted.run_id
+                self.translator.pipeline_seen = True
+            for event in adopted_events:
+                if event.get("type") == "CUSTOM" and event.get("name") == SESSION_EVENT:
+                    value = event.get("value")
+                    self.announced = value if isinstance(value, dict) else None
+
+    @property
+    def reconciling(self) -> bool:
+        """Adopted, and the kernel's first frame (the task's snapshot) not taken yet."""
+        return self._reconciling
 
     @property
     def ended(self) -> bool:
@@ -190,6 +218,8 @@ class RunMachine:
         """RUN_STARTED, then the first kernel call."""
         self._clock(now)
         run_input = self.run_input
+        if self.adopted:
+            return self._adopt()
         self._emit([ev.run_started(self._ts, run_input.thread_id, run_input.run_id, run_input.parent_run_id)])
         try:
             if self.mode is Mode.RESUME:
@@ -201,6 +231,17 @@ class RunMachine:
                 self._send_turn()
         except AguiError as err:
             self._fail(err)
+        return self._take()
+
+    def _adopt(self) -> list[Effect]:
+        """Adoption: RUN_STARTED and the first events are in the journal already; follow
+        the kernel task again (``SubscribeToTask``: its snapshot, then its live events; a
+        task that no longer runs: its last snapshot)."""
+        if not self.task_id:
+            self._fail(self._lose(msg.RUN_PROCESS_GONE))
+        else:
+            self.phase = Phase.STREAMING
+            self._effects.append(Follow(self.task_id))
         return self._take()
 
     def _send_turn(self) -> None:
@@ -243,6 +284,9 @@ class RunMachine:
         self._clock(now)
         if self.ended:
             return []
+        if self.adopted and error.rpc_code == -32001:  # the kernel no longer has the task
+            self._fail(self._lose(msg.RUN_PROCESS_GONE))
+            return self._take()
         self._fail(self._rejection(error))
         return self._take()
 
@@ -449,6 +493,10 @@ class RunMachine:
             self._accept(self.answer)
             return False
         ts = self._ts
+        if self._reconciling:
+            self._reconciling = False
+            if info.kind == "task":
+                self._emit(self.translator.reconcile(info.body, ts))
         if self.announced is None and self.task_id and self.session_id:
             self._announce()
         if self.owed_results:

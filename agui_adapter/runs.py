@@ -13,6 +13,11 @@ is given back when the run's body is closed. The count is per process.
 A new run on a thread held by a run of this process whose client has just hung up (a Stop,
 then the next message at once) waits a moment for that run to end and give the thread back,
 instead of being refused ``THREAD_BUSY`` (``_lock_after_leaving_run``).
+
+A new turn on a thread whose last run died with its process (its execution still live, no run
+holding the thread) first has that run adopted (``adoption``): it holds the thread again and the
+turn is ``THREAD_BUSY``, unless it ends at once (its task is gone). A reattach adopts the run it
+names when its process is gone.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 from . import messages as msg
 from . import resume
 from .a2a import KernelClient, KernelRejected, KernelUnavailable
+from .adoption import Adoption
 from .config import Settings
 from .content import build_user_parts
 from .errors import AguiError, Code
@@ -54,6 +60,8 @@ RETRY_AFTER_SECONDS = 2
 #: How long a new run on a busy thread waits for the run holding it when that run's client
 #: has just hung up (it is ending and giving the thread back), before THREAD_BUSY.
 LEAVING_RUN_WAIT_SECONDS = 2.0
+#: How long a new turn waits for a run it made adopt to end by itself (its task was gone).
+ADOPTED_END_WAIT_SECONDS = 2.0
 
 
 def context_id_for(thread_id: str) -> str:
@@ -107,6 +115,7 @@ class RunEngine:
         env: dict[str, str] | None = None,
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
+        adopt_orphans: bool = True,
     ) -> None:
         self.store = store
         self.kernel = kernel
@@ -127,6 +136,9 @@ class RunEngine:
             retention_seconds=settings.replay_retention_seconds,
             buffer_bytes=settings.replay_buffer_bytes,
         )
+        self.adoption = Adoption(self)
+        if adopt_orphans:  # runs whose process died or handed them over: adopted here (``adoption``)
+            self.adoption.start()
 
     # ================================================================== admission
     def admit(self, run_input: RunInput, language: str) -> Admission:
@@ -169,6 +181,8 @@ class RunEngine:
             log.error("thread %s: %s", thread_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
         try:
+            if mode is Mode.TURN and run_lock is not None and self._orphan_possible(thread_id):
+                run_lock = self._after_adopting(thread_id, run_lock)
             with self.store.locked(thread_id):
                 record = self.store.load(thread_id)
                 if record is None:
@@ -206,17 +220,60 @@ class RunEngine:
             raise
         return Admission(run_input, language, record, run_lock, mode, parts=parts, stale_task_id=stale_task_id)
 
+    def _orphan_possible(self, thread_id: str) -> bool:
+        """Whether the thread's execution is live although no run holds the thread (we do):
+        the run of it died with its process, and may be adopted."""
+        record = self.store.load(thread_id)
+        if record is None:
+            return False
+        live = record.execution
+        return bool(live.task_id) and not live.terminal and not live.waiting
+
+    def _after_adopting(self, thread_id: str, run_lock: RunLock) -> RunLock | None:
+        """A new turn on a thread whose last execution is still live while no run holds the
+        thread: its run's process died. The run is adopted (``adoption``) and holds the thread
+        again, so the turn is THREAD_BUSY; if it ends at once (the kernel lost its task), or
+        there was nothing to adopt, the turn goes on with the thread's run lock."""
+        run_lock.release()
+        if self.adoption.thread(thread_id):
+            deadline = time.monotonic() + ADOPTED_END_WAIT_SECONDS
+            while time.monotonic() < deadline:
+                again = self.store.try_lock_run(thread_id)
+                if again is not None:
+                    return again
+                time.sleep(0.02)
+            return None
+        return self.store.try_lock_run(thread_id)
+
+    def take_run_slot(self) -> bool:
+        return self._run_slots.acquire(blocking=False)
+
+    def give_run_slot(self) -> None:
+        self._run_slots.release()
+
+    def register_adopted(self, driver: RunDriver) -> None:
+        """An adopted run (``adoption``) counts among the live runs and holds its slot."""
+        with self._live_lock:
+            self._live.add(driver)
+        self.metrics.run_opened()
+        self.metrics.adopted()
+
     def _lock_after_leaving_run(self, thread_id: str) -> RunLock | None:
         """The thread's run lock, when the run holding it here is one whose client just hung
         up (a Stop, then a new message at once): that run ends and gives the thread back
         within moments, so the new run waits for it rather than being refused THREAD_BUSY.
         None at once when the holder's client is still there (or it runs in another process),
         or when the holder would go on without its client (a grace period, other readers)."""
-        if self.settings.disconnect_grace_seconds > 0:
-            return None
         with self._live_lock:
             holders = [d for d in self._live if d.thread_id == thread_id and d.holds_thread]
-        if not any([d.hung_up_now() for d in holders]):
+
+        def adopting() -> bool:  # adopted, the kernel not heard yet: the run may end at once
+            return self.adoption.taking_over(thread_id) or any(d.settling() for d in holders)
+
+        settling = adopting()
+        if not settling and self.settings.disconnect_grace_seconds > 0:
+            return None
+        if not settling and not any([d.hung_up_now() for d in holders]):
             return None
         deadline = time.monotonic() + LEAVING_RUN_WAIT_SECONDS
         while time.monotonic() < deadline:
@@ -225,6 +282,11 @@ class RunEngine:
             if run_lock is not None:
                 log.info("thread %s: the run holding it ended as its client left; admitting the next", thread_id)
                 return run_lock
+            if settling and not adopting():
+                with self._live_lock:
+                    holders = [d for d in self._live if d.thread_id == thread_id and d.holds_thread]
+                if not adopting():
+                    return None  # the adopted run heard from the kernel: it goes on, the thread is busy
         return None
 
     def _check_admission(
@@ -303,6 +365,8 @@ class RunEngine:
         except OSError as exc:
             log.error("run %s: journal unreadable: %s", run_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
+        if not reader.ended:
+            self.adoption.run(thread_id, run_id)  # an orphan: adopted now, so the reader follows it live
         if not attach:
             return reader
         self.attach_reader(thread_id, run_id, reader)
@@ -359,16 +423,17 @@ class RunEngine:
         with self._live_lock:
             return len(self._live)
 
-    def shut_down_runs(self, grace_seconds: float, flush_seconds: float = 5.0) -> int:
+    def shut_down_runs(self, grace_seconds: float, flush_seconds: float = 5.0, *, hand_over: bool = False) -> int:
         """Graceful shutdown: let the live runs end by themselves for ``grace_seconds``,
-        then end the others with their final event; how many had to be ended."""
+        then end the others with their final event, or with ``hand_over`` leave them running
+        in the kernel for the next process to adopt; how many had to be ended or handed over."""
         deadline = time.monotonic() + grace_seconds
         while self.live_runs() and time.monotonic() < deadline:
             time.sleep(0.05)
         with self._live_lock:
             remaining = list(self._live)
         for driver in remaining:
-            driver.shut_down()
+            driver.shut_down(hand_over=hand_over)
         deadline = time.monotonic() + flush_seconds
         while self.live_runs() and time.monotonic() < deadline:
             time.sleep(0.05)

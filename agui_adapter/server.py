@@ -26,7 +26,17 @@ from typing import Any
 
 from . import __version__, fdlimit, idle, logs, sdnotify, state_gauges
 from .a2a import KernelClient
-from .config import CONFIG_ENV, ENV_NAMES, KERNEL_CHOICES, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, load_settings
+from .config import (
+    CONFIG_ENV,
+    ENV_NAMES,
+    KERNEL_CHOICES,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    ON_SHUTDOWN_CHOICES,
+    ConfigError,
+    Settings,
+    load_settings,
+)
 from .decode_budget import DECODES, map_large_allocations
 from .kernel_calls import KernelCalls
 from .kernels import KernelProcess, KernelStartError, start_kernel
@@ -182,6 +192,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--replay-buffer-bytes", dest="replay_buffer_bytes", help="bytes of a run's events kept for replay (4 MiB)"
     )
+    parser.add_argument(
+        "--on-shutdown",
+        dest="on_shutdown",
+        choices=ON_SHUTDOWN_CHOICES,
+        help="runs still open after the shutdown grace: handover (default with --a2a-url) or cancel",
+    )
     _name_environment_variables(parser)
     return parser.parse_args(argv)
 
@@ -296,9 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         """No new connections; open runs get the grace period, then a final event; then stop."""
         try:
             server.stop_accepting()
-            ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds)
+            hand_over = settings.on_shutdown_mode() == "handover" and kernel.process is None  # it outlives us
+            if settings.on_shutdown == "handover" and not hand_over:
+                log.info("on_shutdown handover: the kernel stops with the adapter, so open runs are ended")
+            ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds, hand_over=hand_over)
             if ended:
-                log.info("ended %d open run(s) at shutdown", ended)
+                log.info("%s %d open run(s) at shutdown", "handed over" if hand_over else "ended", ended)
             server.wait_idle(2.0)
             server.shutdown()
         finally:

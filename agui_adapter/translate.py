@@ -189,6 +189,11 @@ def status_text(body: dict[str, Any]) -> tuple[str | None, str]:
     return _str(message.get("messageId")), text
 
 
+def _step_key_of(name: str) -> str:
+    """The step key a STEP_STARTED's stepName came from (``pipeline.step_name`` undone)."""
+    return name if name.startswith("candidate:") else f"step:{name}"
+
+
 def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
@@ -506,6 +511,115 @@ class RunTranslator:
                 entry["model"] = model
             entry.update(totals)
             out.append(entry)
+        return out
+
+    # --- adoption (a run another process began) ---------------------------------------
+    def _kernel_id(self, agui_id: str) -> str:
+        """The kernel message id an AG-UI text id was minted from (``_fresh`` undone)."""
+        base, tilde, n = agui_id.rpartition("~")
+        if tilde and n.isdigit():
+            agui_id = base
+        if self._namespace and agui_id.endswith(f"@{self._namespace}"):
+            agui_id = agui_id[: -len(self._namespace) - 1]
+        return agui_id
+
+    def restore(self, events: Iterable[dict[str, Any]]) -> None:
+        """Take up a run whose first events another process sent (its journal): the ids
+        they used, the spans they left open, the text each kernel message showed, the tool
+        calls that have their result, the pipeline envelopes delivered. Usage the dead
+        process summed is not in the events: the final usage counts what follows."""
+        for event in events:
+            kind = event.get("type")
+            mid = event.get("messageId")
+            if isinstance(mid, str):
+                self._used_ids.add(mid)
+            if kind == "TEXT_MESSAGE_START" and isinstance(mid, str):
+                self._open_text[mid] = None
+                self._text_alias[self._kernel_id(mid)] = mid
+                self._current_text = mid
+            elif kind == "TEXT_MESSAGE_CONTENT" and isinstance(mid, str):
+                self._shown.setdefault(self._kernel_id(mid), []).append(str(event.get("delta") or ""))
+                self.text_emitted = True
+            elif kind == "TEXT_MESSAGE_END" and isinstance(mid, str):
+                self._open_text.pop(mid, None)
+                if self._current_text == mid:
+                    self._current_text = next(reversed(self._open_text), None) if self._open_text else None
+            elif kind == "TOOL_CALL_START":
+                self._started_tools.add(str(event.get("toolCallId")))
+                self._open_tools[str(event.get("toolCallId"))] = None
+            elif kind == "TOOL_CALL_END":
+                self._open_tools.pop(str(event.get("toolCallId")), None)
+            elif kind == "TOOL_CALL_RESULT":
+                self._tool_results.add(str(event.get("toolCallId")))
+            elif kind == "REASONING_START" and isinstance(mid, str):
+                self._open_reasoning[mid] = None
+            elif kind == "REASONING_END" and isinstance(mid, str):
+                self._open_reasoning.pop(mid, None)
+            elif kind == "STEP_STARTED":
+                key = _step_key_of(str(event.get("stepName")))
+                self._active_steps[key] = None
+                self.pipeline.open_steps.add(key)
+            elif kind == "STEP_FINISHED":
+                key = _step_key_of(str(event.get("stepName")))
+                self._active_steps.pop(key, None)
+                self.pipeline.open_steps.discard(key)
+            elif kind == "CUSTOM" and event.get("name") == pl.PIPELINE_EVENT and isinstance(event.get("value"), dict):
+                envelope = event["value"]
+                self.pipeline_seen = True
+                if isinstance(envelope.get("eventId"), str):
+                    self._event_ids.add(envelope["eventId"])
+                sequence = pl.sequence_of(envelope)
+                if sequence is not None:
+                    self.pipeline.mark(sequence)
+                run_id = envelope.get("pipelineRunId")
+                if self.pipeline.run_id is None and isinstance(run_id, str) and run_id:
+                    self.pipeline.run_id = run_id
+
+    def reconcile(self, task: dict[str, Any], ts: int) -> list[Event]:
+        """The text the kernel produced while no process followed the run: the task's
+        snapshot (the first frame of ``SubscribeToTask``, or ``GetTask`` of a task that no
+        longer runs) holds every agent delta so far (``history``, then ``status.message``);
+        what each kernel message holds beyond what was shown of it is sent now, so the text
+        ends up the kernel's. The kernel's final repeat of the answer (a message whose text
+        is the text of the messages before it) is not text of its own. What the snapshot
+        cannot give back (reasoning, tool events of the gap) is not made up."""
+        messages: list[dict[str, Any]] = [m for m in task.get("history") or [] if isinstance(m, dict)]
+        status = task.get("status")
+        state = normalize_state(status.get("state")) if isinstance(status, dict) else None
+        current = status.get("message") if isinstance(status, dict) else None
+        if isinstance(current, dict) and state not in TERMINAL_STATES:
+            messages.append(current)
+        texts: list[tuple[str, str]] = []
+        for message in messages:
+            if message.get("role") not in (None, "ROLE_AGENT", "agent"):
+                continue
+            parts = message.get("parts")
+            text = "".join(p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
+            message_id = _str(message.get("messageId")) or "assistant"
+            if text:
+                texts.append((message_id, text))
+        whole: dict[str, str] = {}
+        order: list[str] = []
+        pieces: list[str] = []
+        for message_id, text in texts:
+            if message_id not in whole and any(text == "".join(pieces[j:]) for j in range(len(pieces))):
+                continue  # the final repeat of the answer
+            pieces.append(text)
+            if message_id not in whole:
+                whole[message_id] = ""
+                order.append(message_id)
+            whole[message_id] += text
+        out: list[Event] = []
+        for message_id in order:
+            shown = "".join(self._shown.get(message_id, []))
+            text = whole[message_id]
+            if not text.startswith(shown):
+                continue  # the journal no longer holds the start of it: nothing is made up
+            rest = text[len(shown) :]
+            if rest:
+                if message_id not in self._shown:
+                    self._shown[message_id] = []
+                self.emit_text(message_id, rest, ts, out)
         return out
 
     # --- the end ------------------------------------------------------------------------

@@ -509,6 +509,7 @@ class AguiApp:
                 "reattach": True,
                 "readers": "many",
                 "kernel": self.kernel_kind,
+                "adoption": True,  # a run whose adapter process went is taken over by the next
                 "disconnectGraceSeconds": self.engine.settings.disconnect_grace_seconds,
                 "replayRetentionSeconds": self.engine.settings.replay_retention_seconds,
             },
@@ -568,7 +569,9 @@ class AguiApp:
                 digest = request_digest(run_input.raw)
                 reader = self.engine.reattach(run_input.thread_id, run_input.run_id, after, digest)
                 if reader is not None:
-                    return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
+                    gone = environ.get(CLIENT_GONE_KEY)
+                    thread_id, run_id = run_input.thread_id, run_input.run_id
+                    return self._replay(start_response, reader, language, gone, thread_id, run_id)
             admission = self._admit(run_input, language)
         except AguiError as err:
             log.info("POST / refused: %s", err.code)
@@ -627,7 +630,7 @@ class AguiApp:
                 start_response("200 OK", list(SSE_HEADERS))
             return []
         self.engine.attach_reader(thread_id, run_id, reader)
-        return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY))
+        return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY), thread_id, run_id)
 
     def thread(
         self, environ: dict[str, Any], start_response: StartResponse, endpoint: str, thread_id: str
@@ -636,6 +639,7 @@ class AguiApp:
         self._check_auth(environ)
         check_path_header(environ.get("HTTP_X_AGUI_THREAD_ID"), thread_id)
         if endpoint == "thread":
+            self.engine.adoption.thread(thread_id)  # a run of it whose process went: adopted, shown live
             return json_response(start_response, 200, self.threads.show(thread_id))
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         limit, before = query.get("limit", [None])[0], query.get("before", [None])[0]
@@ -647,6 +651,8 @@ class AguiApp:
         reader: JournalReader | None,
         language: str,
         client_gone: Callable[[], bool] | None = None,
+        thread_id: str = "",
+        run_id: str = "",
     ) -> Iterable[bytes]:
         assert reader is not None
         message = translate(language, msg.RUN_PROCESS_GONE)
@@ -657,7 +663,11 @@ class AguiApp:
             return ev.encode_many([*closing, ev.run_error(ts, Code.EXECUTION_LOST, message)], next_id)
 
         heartbeat = self.engine.settings.heartbeat_seconds
-        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client_gone=client_gone)
+
+        def adopt() -> bool:  # the run's process died while this reader followed it (``adoption``)
+            return bool(thread_id) and self.engine.adoption.run(thread_id, run_id)
+
+        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client_gone=client_gone, adopt=adopt)
         body = Replay(reader, chunks)
         try:
             start_response("200 OK", list(SSE_HEADERS))

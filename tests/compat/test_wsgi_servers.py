@@ -16,6 +16,9 @@ the run's worker is the process holding the lock on the run's journal directory 
 the ``pid`` of the JSON log line "run ... reattached after event K", which the serving
 worker writes before its response starts.
 
+Adoption (issue 22) under gunicorn ``-w 2``: a worker killed mid-run (``kill -9``) or recycled
+(``--max-requests 1``) does not cost the run: another worker adopts it (see the last section).
+
 Run with ``pytest -m wsgi_servers tests/compat/test_wsgi_servers.py``.
 """
 
@@ -38,6 +41,7 @@ from typing import Any
 import pytest
 import requests
 
+from agui_adapter.kernel.scripts import SLOW_PIECES
 from agui_adapter.store import thread_key
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import check_stream, parse_sse
@@ -55,13 +59,13 @@ APP = "agui_adapter.wsgi:application"
 SERVERS = ("werkzeug", "gunicorn", "waitress")
 
 
-def _command(kind: str, port: int, workers: int = 1) -> list[str]:
+def _command(kind: str, port: int, workers: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
     if kind == "werkzeug":
         return [sys.executable, str(ROOT / "run.py"), "--port", "0"]
     if kind == "gunicorn":
         return [
             sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "8", "-w", str(workers),
-            "--graceful-timeout", "5", "-b", f"127.0.0.1:{port}", APP,
+            "--graceful-timeout", "5", *extra, "-b", f"127.0.0.1:{port}", APP,
         ]  # fmt: skip
     return [sys.executable, "-m", "waitress", f"--listen=127.0.0.1:{port}", "--threads=8", APP]
 
@@ -118,7 +122,12 @@ def server(request: Any, tmp_path_factory: Any, scripted_kernel: Any) -> Iterato
 
 
 def _serve(
-    kind: str, tmp_path_factory: Any, scripted_kernel: Any, workers: int = 1, extra_env: dict[str, str] | None = None
+    kind: str,
+    tmp_path_factory: Any,
+    scripted_kernel: Any,
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Server:
     """``kind`` serving the adapter on a fresh state directory, ready (``workers``: gunicorn's ``-w``)."""
     if kind != "werkzeug" and importlib.util.find_spec(kind) is None:
@@ -146,7 +155,7 @@ def _serve(
     log_path = base / "server.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            _command(kind, port, workers), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+            _command(kind, port, workers, extra_args), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
         )
     srv = Server(kind, proc, log_path, base / "ws", "" if kind == "werkzeug" else f"http://127.0.0.1:{port}/")
     try:
@@ -379,3 +388,73 @@ def test_readers_on_both_workers_follow_one_run_after_its_own_client_left(
         events = joined(seen, pieces) if number % 2 else joined(pieces)
         assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, server.log()
     assert task_id not in {r["params"].get("id") for r in list(scripted_kernel.requests) if r["method"] == "CancelTask"}
+
+
+# ============================================================================ adoption (issue 22)
+# gunicorn ``-w 2``: the worker running a run (the holder of its journal's lock) is killed with
+# ``kill -9`` (its stream is cut), or recycled by ``--max-requests 1`` (a gthread worker lets its
+# open streams end before it exits: observed, the run then simply ends there). A cut client
+# reattaches with ``Last-Event-ID``; whichever worker serves it (the other one, or the one
+# gunicorn started in place of the dead one) has adopted the run (``agui_adapter/adoption.py``)
+# and follows it to its end: one valid run with the kernel's whole text.
+def _adoption_text(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+def _come_back_until_the_end(
+    url: str, body: dict[str, Any], after: int, timeout: float = 30.0
+) -> list[tuple[int, dict[str, Any]]]:
+    """Reattach until the run ends: a stream cut by a dying worker is reattached again."""
+    pieces: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stream = Client(url).events(body["threadId"], body["runId"], after)
+        if stream.status == 204:
+            return pieces
+        assert stream.status == 200, stream.response.text
+        try:
+            got = stream.rest()
+        except Exception:  # noqa: BLE001 - the worker died under the stream: come back again
+            got = []
+        pieces += got
+        if pieces and pieces[-1][1]["type"] in ("RUN_FINISHED", "RUN_ERROR"):
+            return pieces
+        after = pieces[-1][0] if pieces else after
+        time.sleep(0.2)
+    raise AssertionError("the run did not end")
+
+
+@pytest.mark.parametrize("how", ["kill-9", "max-requests-1"])
+def test_a_worker_that_dies_mid_run_is_replaced_by_an_adopter(
+    tmp_path_factory: Any, scripted_kernel: Any, how: str
+) -> None:
+    extra = ("--max-requests", "1") if how == "max-requests-1" else ()
+    server = _serve("gunicorn", tmp_path_factory, scripted_kernel, 2, {"IAC_CODE_AGUI_LOG_FORMAT": "json"}, extra)
+    try:
+        body = run_body("[SILENT 200] [SLOW] go", cwd=str(server.workspace))  # 10 s of silence, then text
+        own = LiveStream(Client(server.url), body)
+        own.session()
+        seen = own.read_events(2)
+        state = server.log_path.parent / "state"
+        directory = state / "journal" / thread_key(body["threadId"]) / thread_key(body["runId"])
+        writer = _lock_holder(directory)
+        if how == "kill-9":
+            os.kill(writer, signal.SIGKILL)
+        # max-requests 1: the worker stops by itself after its graceful timeout (5 s)
+        try:
+            seen += own.rest()  # cut: no terminal event
+        except Exception:  # noqa: BLE001 - the connection may be reset
+            pass
+        cut = seen[-1][1]["type"] not in ("RUN_FINISHED", "RUN_ERROR")
+        # kill -9 cuts the stream; a recycled gthread worker lets its open streams end first
+        assert cut or how == "max-requests-1"
+        rest = _come_back_until_the_end(server.url, body, seen[-1][0], timeout=60) if cut else []
+        events = joined(seen, rest)
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, server.log()
+        assert _adoption_text(events) == "".join(SLOW_PIECES)
+        assert not cut or "adopted after event" in server.log_path.read_text(errors="replace")
+        # either way the thread is free and the next turn runs, on whichever worker
+        nxt = Client(server.url).run(run_body("next", thread_id=body["threadId"], cwd=str(server.workspace)))
+        assert nxt.terminal["type"] == "RUN_FINISHED"
+    finally:
+        server.stop()

@@ -184,20 +184,27 @@ def test_kill_9_at_each_write_then_the_next_turn(
 
 
 # ====================================================================== a kernel that outlives the adapter
-def test_a_task_left_running_by_a_dead_adapter_is_stopped(
+def test_a_task_left_running_by_a_dead_adapter_is_adopted_and_the_cancel_extension_frees_the_thread(
     adapter_process: Any, scripted_kernel: Any, tmp_path: Path
 ) -> None:
     adapter = adapter_process()
     body = run_body("[SILENT 600] think for a long time", cwd=str(tmp_path / "ws"))
     events = read_until(adapter.url, body, has("CUSTOM", "iac-code.session.v1"))
-    task_id = session_value_of(events)["taskId"]
+    session = session_value_of(events)
+    task_id = session["taskId"]
     adapter.kill()  # the kernel (not ours) keeps the task working
     assert kernel_task_state(scripted_kernel, task_id) == "TASK_STATE_WORKING"
     adapter = adapter_process()
+    client = Client(adapter.url)
+    # the new process adopted the run (issue 22): it holds the thread again
+    busy = client.run(run_body("hello", thread_id=body["threadId"], cwd=str(tmp_path / "ws")))
+    assert busy.status == 409 and busy.error is not None and busy.error["code"] == "THREAD_BUSY"
     started = time.monotonic()
-    after = Client(adapter.url).run(run_body("hello", thread_id=body["threadId"], cwd=str(tmp_path / "ws")))
+    cancelled = client.cancel(session["executionId"], {"threadId": body["threadId"], "rosInvocationId": "inv-1"})
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    after = client.run(run_body("hello", thread_id=body["threadId"], cwd=str(tmp_path / "ws")))
     assert outcome(after) == "success", after.terminal  # not "Task is already working"
-    assert [c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")][-1:] == [task_id]
+    assert task_id in [c["params"]["id"] for c in kernel_calls(scripted_kernel, "CancelTask")]
     assert kernel_task_state(scripted_kernel, task_id) == "TASK_STATE_CANCELED"
     assert time.monotonic() - started < 600 * 0.05  # it did not wait for the old task to end by itself
 

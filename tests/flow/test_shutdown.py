@@ -33,7 +33,7 @@ def sigterm_and_wait(adapter: AdapterProcess, limit: float) -> float:
 def test_sigterm_ends_open_runs_with_a_final_event_and_cancels_their_tasks(
     adapter_process: Any, scripted_kernel: Any, tmp_path: Path
 ) -> None:
-    adapter = adapter_process("--shutdown-grace-seconds", "1")
+    adapter = adapter_process("--shutdown-grace-seconds", "1", "--on-shutdown", "cancel")  # handover: test_adoption
     silent = LiveStream(Client(adapter.url), run_body("[SILENT 600] think", cwd=str(tmp_path / "a")))
     talking = LiveStream(Client(adapter.url), run_body("[THINK] [SILENT 300] ponder", cwd=str(tmp_path / "b")))
     tasks = [silent.session()["taskId"], talking.session()["taskId"]]

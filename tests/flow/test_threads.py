@@ -352,17 +352,19 @@ def test_the_scripted_kernels_task_history_is_shaped_like_the_real_one(
     assert [t["id"] for t in listed["tasks"]] == [task_id] and listed["tasks"][0]["history"] == scripted["history"]
 
 
-def test_a_run_whose_process_died_is_shown_lost(adapter_process: Any, workspace: Path) -> None:
+def test_a_run_whose_process_died_is_adopted_and_shown_live_to_its_end(adapter_process: Any, workspace: Path) -> None:
+    # issue 22: the other process takes the run over (at the latest when the thread is asked
+    # for): it is shown live, then ends as it would have
     a, b = (adapter_process("--heartbeat-seconds", "0.3") for _ in range(2))
     body = run_body("[SLOW] [SLOW] go", cwd=str(workspace))
     stream = LiveStream(Client(a.url), body)
     stream.read_events(3)
     assert live(b, body["threadId"])["runId"] == body["runId"]
     a.kill()
+    assert get_thread(b, body["threadId"])["activeRun"]["runId"] == body["runId"]
     thread = wait_for(lambda: (t := get_thread(b, body["threadId"]))["activeRun"] is None and t)
     assert thread["runs"][-1]["runId"] == body["runId"]
-    assert (thread["runs"][-1]["outcome"], thread["runs"][-1]["errorCode"]) == ("error", "EXECUTION_LOST")
-    assert thread["runs"][-1]["endedAt"] is None
+    assert (thread["runs"][-1]["outcome"], thread["runs"][-1]["errorCode"]) == ("success", None)
 
 
 def test_head_and_a_cors_preflight_on_the_thread_routes(make_adapter: Any, workspace: Path) -> None:

@@ -83,8 +83,15 @@ def test_a_turn_cut_by_a_kill_9_does_not_block_the_next(start_adapter: Any, real
     adapter.kill()
     assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_WORKING"
     adapter = start_adapter(spawn=False)
+    client = Client(adapter.url)
+    # the new process adopted the cut run (issue 22): it holds the thread until it ends or is
+    # cancelled; the cancel extension frees the thread at once
+    busy = client.run(run_body("Say hello", thread_id=body["threadId"], cwd=str(ws)))
+    assert busy.status == 409 and busy.error is not None and busy.error["code"] == "THREAD_BUSY", busy
     started = time.monotonic()
-    after = Client(adapter.url).run(run_body("Say hello", thread_id=body["threadId"], cwd=str(ws)))
+    ids = {"threadId": body["threadId"], "rosInvocationId": "inv-1"}
+    assert client.cancel(session["executionId"], ids).json()["status"] == "cancelled"
+    after = client.run(run_body("Say hello", thread_id=body["threadId"], cwd=str(ws)))
     assert after.terminal["type"] == "RUN_FINISHED", after.terminal  # not "Task is already working"
     assert task_state(real_kernel, session["taskId"]) == "TASK_STATE_CANCELED"
     assert time.monotonic() - started < 30
