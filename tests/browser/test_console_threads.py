@@ -161,7 +161,7 @@ def test_every_thread_bound_request_names_its_thread(make_adapter: Any, workspac
     adapter.server.app = recording
     open_console(browser, adapter, workspace)
     thread_id = browser.find_element(By.ID, "threadId").get_attribute("value")
-    send(browser, "[SLOW] count")
+    send(browser, "[SILENT 10] [SLOW] count")  # live for about 20 s: well past the reload
     card = wait_for(browser, '.run[data-state="streaming"]')
     browser.refresh()
     wait_ready(browser)
@@ -208,7 +208,7 @@ def test_a_token_kept_for_the_tab_lets_a_reload_follow_the_run(
     adapter = make_adapter(auth_token=TOKEN, disconnect_grace_seconds=30, heartbeat_seconds=0.5)
     open_console(browser, adapter, workspace, token=TOKEN)
     browser.find_element(By.ID, "keepToken").click()
-    send(browser, "[SLOW] count")
+    send(browser, "[SILENT 10] [SLOW] count")  # live for about 20 s: well past the reload
     card = wait_for(browser, '.run[data-state="streaming"]')
     run_id = card.get_attribute("data-run-id")
     browser.refresh()
