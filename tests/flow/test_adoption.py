@@ -143,10 +143,11 @@ def test_a_permission_reached_while_no_adapter_runs_is_committed_by_the_adopter_
     a = start(adapter_process, kernel)
     body = run_body("[SILENT 3] [WRITE] make a file", cwd=str(workspace))
     first = LiveStream(Client(a.url), body)
-    first.session()
+    task_id = first.session()["taskId"]
     seen = first.read_events(1)
     a.kill()
-    time.sleep(1.5)  # the kernel reaches the permission with no adapter alive
+    # the kernel reaches the permission with no adapter alive
+    wait_for(lambda: kernel_state(kernel, task_id) == "TASK_STATE_INPUT_REQUIRED", 20)
     b = start(adapter_process, kernel)  # adopts at start-up (no request needed)
     wait_for(lambda: b"adopted after event" in b.log, 15)
     events = joined(seen, reattach(Client(b.url), body, seen[-1][0], "get").rest())
