@@ -70,7 +70,7 @@ RUNS_ACTIVE = ("agui_runs_active", "Runs whose SSE response is open.")
 RUNS_MAX = ("agui_runs_max", "Runs that may be open at once (--max-runs; summed over the worker processes).")
 RUNS_DETACHED = (
     "agui_runs_detached",
-    "Runs going on without a client (disconnect grace, or taken over by a reattach).",
+    "Runs going on without their own client (disconnect grace, or other readers still following them).",
 )
 RUNS = ("agui_runs_total", "Runs that ended, by outcome (success, interrupt, error, abandoned).")
 RUN_ERRORS = ("agui_run_errors_total", "Runs that ended with RUN_ERROR, by error code.")

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
+from tests.support.agui_stream import streamed
 from tests.support.flow import interrupted, wait_for
 from tests.support.kernel_rpc import rpc
 
@@ -200,27 +201,6 @@ def test_unknown_thread_auth_and_the_thread_header(make_adapter: Any, workspace:
 
 
 # ============================================================================ .../messages
-def streamed(results: list[RunResult]) -> dict[str, Any]:
-    """What the runs streamed: text per message id, tool calls, tool results per message id."""
-    texts: dict[str, str] = {}
-    calls: dict[str, dict[str, str]] = {}
-    results_by_id: dict[str, dict[str, str]] = {}
-    for result in results:
-        for event in result.events:
-            kind = event["type"]
-            if kind == "TEXT_MESSAGE_START":
-                texts[event["messageId"]] = ""
-            elif kind == "TEXT_MESSAGE_CONTENT":
-                texts[event["messageId"]] += event["delta"]
-            elif kind == "TOOL_CALL_START":
-                calls[event["toolCallId"]] = {"name": event["toolCallName"], "args": ""}
-            elif kind == "TOOL_CALL_ARGS":
-                calls[event["toolCallId"]]["args"] += event["delta"]
-            elif kind == "TOOL_CALL_RESULT":
-                results_by_id[event["messageId"]] = {"toolCallId": event["toolCallId"], "content": event["content"]}
-    return {"texts": texts, "calls": calls, "results": results_by_id}
-
-
 def play_conversation(client: Client, workspace: Path) -> tuple[str, list[dict[str, Any]], list[RunResult]]:
     thread = f"thread-history-{workspace.parent.name[-8:]}"
     bodies: list[dict[str, Any]] = []
@@ -256,7 +236,7 @@ def test_messages_after_several_turns_with_tool_calls_match_the_streams(
         "user", "assistant", "tool", "assistant",  # [WRITE]: text + tool call; the Resume's result, text
         "user", "assistant",  # [RECALL]
     ]
-    seen = streamed(results)
+    seen = streamed([r.events for r in results])
     for message in messages:
         if message["role"] == "assistant":
             # the id the run streamed, with the text it streamed

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import requests
 
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
+from tests.support.agui_stream import streamed
 from tests.support.flow import wait_for
 
 from .harness import Adapters, thread_id
@@ -32,26 +33,6 @@ def get(adapter: Any, thread: str, tail: str = "", **params: Any) -> dict[str, A
     response = requests.get(url(adapter, thread, tail), params=params, timeout=30)
     assert response.status_code == 200, response.text
     return dict(response.json())
-
-
-def streamed(results: list[RunResult]) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, dict[str, str]]]:
-    texts: dict[str, str] = {}
-    calls: dict[str, dict[str, str]] = {}
-    tool_results: dict[str, dict[str, str]] = {}
-    for result in results:
-        for event in result.events:
-            kind = event["type"]
-            if kind == "TEXT_MESSAGE_START":
-                texts[event["messageId"]] = ""
-            elif kind == "TEXT_MESSAGE_CONTENT":
-                texts[event["messageId"]] += event["delta"]
-            elif kind == "TOOL_CALL_START":
-                calls[event["toolCallId"]] = {"name": event["toolCallName"], "args": ""}
-            elif kind == "TOOL_CALL_ARGS":
-                calls[event["toolCallId"]]["args"] += event["delta"]
-            elif kind == "TOOL_CALL_RESULT":
-                tool_results[event["messageId"]] = {"toolCallId": event["toolCallId"], "content": event["content"]}
-    return texts, calls, tool_results
 
 
 def test_the_thread_and_its_messages_after_turns_with_a_permission(adapters: Adapters, ws: Path, tag: str) -> None:
@@ -99,7 +80,8 @@ def test_the_thread_and_its_messages_after_turns_with_a_permission(adapters: Ada
         f"[WRITE] write it {tag}",
         f"[RECALL] how many? {tag}",
     ]
-    texts, calls, tool_results = streamed(results)
+    seen = streamed([r.events for r in results])
+    texts, calls, tool_results = seen["texts"], seen["calls"], seen["results"]
     for message in messages:
         if message["role"] == "assistant":
             assert texts[message["id"]] == message["content"], message

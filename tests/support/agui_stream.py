@@ -144,3 +144,26 @@ class StreamRecorder:
 
 
 RECORDER = StreamRecorder(os.environ.get("AGUI_STREAM_DIR"))
+
+
+def streamed(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """What runs streamed, for comparing with ``GET /threads/{id}/messages``: text per message
+    id (``texts``), tool calls by id with name and arguments (``calls``), tool results per
+    message id (``results``)."""
+    texts: dict[str, str] = {}
+    calls: dict[str, dict[str, str]] = {}
+    results: dict[str, dict[str, str]] = {}
+    for events in runs:
+        for event in events:
+            kind = event["type"]
+            if kind == "TEXT_MESSAGE_START":
+                texts[event["messageId"]] = ""
+            elif kind == "TEXT_MESSAGE_CONTENT":
+                texts[event["messageId"]] += event["delta"]
+            elif kind == "TOOL_CALL_START":
+                calls[event["toolCallId"]] = {"name": event["toolCallName"], "args": ""}
+            elif kind == "TOOL_CALL_ARGS":
+                calls[event["toolCallId"]]["args"] += event["delta"]
+            elif kind == "TOOL_CALL_RESULT":
+                results[event["messageId"]] = {"toolCallId": event["toolCallId"], "content": event["content"]}
+    return {"texts": texts, "calls": calls, "results": results}
