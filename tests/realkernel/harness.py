@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pytest
 import requests
 
-from tests.support.agui_client import RunResult, session_value
+from tests.support.agui_client import RunResult, run_body, session_value
 from tests.support.fake_llm import FakeLLM, message_text, read_log
 from tests.support.ports import free_port
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS
@@ -511,6 +511,22 @@ PIPELINE = "iac-code.pipeline.v1"
 
 def pipeline_events(*runs: RunResult) -> list[dict[str, Any]]:
     return [c["value"] for r in runs for c in r.of("CUSTOM") if c["name"] == PIPELINE]
+
+
+def select_candidate(body: Mapping[str, Any], selection: Mapping[str, Any], selected: str = "1") -> dict[str, Any]:
+    """The Resume of a ``selling`` pipeline run (``body``) that picks candidate ``selected`` at
+    its ``candidate_selection`` interrupt."""
+    props = body["forwardedProps"]["iacCode"]
+    return run_body(
+        None,
+        thread_id=body["threadId"],
+        cwd=props["cwd"],
+        ros=props["rosInvocationId"],
+        runMode="pipeline",
+        pipelineName="selling",
+        candidatePresentation="rich",
+        resume=[{"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": selected}}],
+    )
 
 
 def only_interrupt(result: RunResult) -> dict[str, Any]:

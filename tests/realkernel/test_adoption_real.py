@@ -25,7 +25,16 @@ from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.fake_llm import FakeLLM
 
-from .harness import Adapters, RealKernel, get_task, journal, require_kernel_venv, thread_id, wait_task_state
+from .harness import (
+    Adapters,
+    RealKernel,
+    get_task,
+    journal,
+    require_kernel_venv,
+    select_candidate,
+    thread_id,
+    wait_task_state,
+)
 
 SLOW_INTERVAL = 0.25
 SLOW_CHUNKS = 20
@@ -196,16 +205,6 @@ def test_kill_9_in_the_middle_of_a_pipeline_step(
     wanted = {e["eventId"] for e in journal(real_kernel, task_id) if e["eventType"] in CUSTOM_EVENT_TYPES}
     assert set(delivered) == wanted
     official(events)
-    props = body["forwardedProps"]["iacCode"]
-    answer = run_body(
-        None,
-        thread_id=body["threadId"],
-        cwd=props["cwd"],
-        ros=props["rosInvocationId"],
-        runMode="pipeline",
-        pipelineName="selling",
-        candidatePresentation="rich",
-        resume=[{"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": "1"}}],
-    )
+    answer = select_candidate(body, selection)
     done = Client(b.url).run(answer)
     assert done.terminal["type"] == "RUN_FINISHED" and done.terminal["outcome"] == {"type": "success"}

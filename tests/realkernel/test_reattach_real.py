@@ -32,7 +32,16 @@ from tests.support.fake_llm import FakeLLM
 from tests.support.flow import wait_for
 from tests.support.servers import AdapterProcess
 
-from .harness import Adapters, RealKernel, get_task, journal, require_kernel_venv, thread_id, wait_task_state
+from .harness import (
+    Adapters,
+    RealKernel,
+    get_task,
+    journal,
+    require_kernel_venv,
+    select_candidate,
+    thread_id,
+    wait_task_state,
+)
 
 SLOW_INTERVAL = 0.25
 SLOW_CHUNKS = 20
@@ -212,17 +221,7 @@ def test_a_pipeline_left_mid_step_goes_on_detached_and_is_reattached_to_its_inte
     }
     assert set(delivered) == wanted
     # the interrupt reached while detached is on disk: the other process answers it
-    props = body["forwardedProps"]["iacCode"]
-    answer = run_body(
-        None,
-        thread_id=body["threadId"],
-        cwd=props["cwd"],
-        ros=props["rosInvocationId"],
-        runMode="pipeline",
-        pipelineName="selling",
-        candidatePresentation="rich",
-        resume=[{"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": "1"}}],
-    )
+    answer = select_candidate(body, selection)
     done = Client(other.url).run(answer)
     assert done.terminal["type"] == "RUN_FINISHED" and done.terminal["outcome"] == {"type": "success"}
     assert "deploying" in [e["stepName"] for e in done.of("STEP_FINISHED")]
