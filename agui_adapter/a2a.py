@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .http11 import ChunkedDecoder
-from .kernel_calls import PLAIN, Call, KernelCalls
-from .sse import SSEDecoder
+from agui_adapter.http11 import ChunkedDecoder
+from agui_adapter.kernel_calls import PLAIN, Call, KernelCalls
+from agui_adapter.sse import SSEDecoder
 
 
 def _first_batch(text: str) -> Any:

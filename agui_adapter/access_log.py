@@ -35,8 +35,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import logs
-from .tracing import NO_TRACE, NoTrace
+from agui_adapter import logs
+from agui_adapter.tracing import NO_TRACE, NoTrace
 
 log = logging.getLogger("agui_adapter.access")
 

@@ -40,20 +40,20 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import events as ev
-from . import messages as msg
-from .errors import Code
-from .i18n import translate
-from .journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
-from .run_driver import RunDriver
-from .run_effects import Mode
-from .run_machine import RunMachine
-from .store import StoreError
-from .translate import SESSION_EVENT, RunTranslator
-from .validation import IacCodeProps, RunInput
+from agui_adapter import events as ev
+from agui_adapter import messages as msg
+from agui_adapter.errors import Code
+from agui_adapter.i18n import translate
+from agui_adapter.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
+from agui_adapter.run_driver import RunDriver
+from agui_adapter.run_effects import Mode
+from agui_adapter.run_machine import RunMachine
+from agui_adapter.store import StoreError
+from agui_adapter.translate import SESSION_EVENT, RunTranslator
+from agui_adapter.validation import IacCodeProps, RunInput
 
 if TYPE_CHECKING:
-    from .runs import Admission, RunEngine
+    from agui_adapter.runs import Admission, RunEngine
 
 log = logging.getLogger("agui_adapter.adoption")
 
@@ -283,7 +283,7 @@ class Adoption:
             log.warning("run %s: not adopted now: no run slot free", run_id)
             return "later"
         try:
-            from .runs import Admission  # a cycle at import time otherwise
+            from agui_adapter.runs import Admission  # a cycle at import time otherwise
 
             props = IacCodeProps(
                 schema_version=1,

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import flatyaml
-from .i18n import SUPPORTED_LANGUAGES, normalize_language
+from agui_adapter import flatyaml
+from agui_adapter.i18n import SUPPORTED_LANGUAGES, normalize_language
 
 SECTION = "agui-adapter"
 KERNEL_CHOICES = ("auto", "iac-code", "scripted")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .http11 import (
+from agui_adapter.http11 import (
     LAST_CHUNK,
     BodyFraming,
     ChunkedDecoder,

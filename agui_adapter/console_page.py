@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .i18n import weighted_items
+from agui_adapter.i18n import weighted_items
 
 # The page talks only to its own origin; the policy makes that a rule the browser enforces.
 # script-src 'self': the page's inline module imports the client module from its own origin.

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import messages as msg
-from .errors import AguiError, Code
+from agui_adapter import messages as msg
+from agui_adapter.errors import AguiError, Code
 
 __all__ = [
     "DECODES",

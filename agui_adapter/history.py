@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .record import RunEntry
-from .run_machine import run_tag
-from .translate import mint_id
+from agui_adapter.record import RunEntry
+from agui_adapter.run_machine import run_tag
+from agui_adapter.translate import mint_id
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200

@@ -14,8 +14,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from . import messages as msg
-from .i18n import translate
+from agui_adapter import messages as msg
+from agui_adapter.i18n import translate
 
 INPUT_FIELDS = (
     "schemaVersion",

@@ -58,9 +58,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import events as ev
-from .events import HEARTBEAT, Event
-from .store import thread_key
+from agui_adapter import events as ev
+from agui_adapter.events import HEARTBEAT, Event
+from agui_adapter.store import thread_key
 
 log = logging.getLogger("agui_adapter.journal")
 

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import logs
+from agui_adapter import logs
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
-    from .tracing import Tracing
+    from agui_adapter.metrics import Metrics
+    from agui_adapter.tracing import Tracing
 
 log = logging.getLogger("agui_adapter.kernel")
 

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .a2a import check_kernel_url
-from .config import Settings
+from agui_adapter.a2a import check_kernel_url
+from agui_adapter.config import Settings
 
 log = logging.getLogger("agui_adapter.kernels")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .validation import IacCodeProps
+from agui_adapter.validation import IacCodeProps
 
 # The only candidate presentation the kernel honours (upstream forwards "rich", ignored).
 RICH_PRESENTATION = "rich-v1"

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from .a2a import FrameReader, KernelRejected, KernelUnavailable
-from .translate import inspect_frame
+from agui_adapter.a2a import FrameReader, KernelRejected, KernelUnavailable
+from agui_adapter.translate import inspect_frame
 
 log = logging.getLogger("agui_adapter.pump")
 

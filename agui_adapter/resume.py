@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import interrupts as intr
-from . import messages as msg
-from . import outbound
-from .errors import AguiError, Code, clip_detail
-from .record import PendingInterrupt
-from .validation import ResumeEntry
+from agui_adapter import interrupts as intr
+from agui_adapter import messages as msg
+from agui_adapter import outbound
+from agui_adapter.errors import AguiError, Code, clip_detail
+from agui_adapter.record import PendingInterrupt
+from agui_adapter.validation import ResumeEntry
 
 
 @dataclass

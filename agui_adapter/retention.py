@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Settings
-from .interrupts import parse_rfc3339
-from .record import PendingInterrupt
-from .store import StoreError, ThreadStore
+from agui_adapter.config import Settings
+from agui_adapter.interrupts import parse_rfc3339
+from agui_adapter.record import PendingInterrupt
+from agui_adapter.store import StoreError, ThreadStore
 
 log = logging.getLogger("agui_adapter.retention")
 

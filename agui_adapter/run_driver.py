@@ -57,23 +57,23 @@ from collections.abc import Callable, Iterator
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
-from . import events as ev
-from . import run_effects as fx
-from .a2a import FrameReader, KernelRejected, KernelUnavailable
-from .errors import Code
-from .events import Event
-from .interrupts import rfc3339
-from .journal import JournalWriter
-from .logs import RUN_IDS
-from .pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
-from .record import Mutation, RetireExecution, RunEnded, StaleExecution
-from .run_machine import RunMachine
-from .store import StoreError
-from .tracing import NO_TRACE
-from .translate import BUSY_STATES, inspect_frame
+from agui_adapter import events as ev
+from agui_adapter import run_effects as fx
+from agui_adapter.a2a import FrameReader, KernelRejected, KernelUnavailable
+from agui_adapter.errors import Code
+from agui_adapter.events import Event
+from agui_adapter.interrupts import rfc3339
+from agui_adapter.journal import JournalWriter
+from agui_adapter.logs import RUN_IDS
+from agui_adapter.pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
+from agui_adapter.record import Mutation, RetireExecution, RunEnded, StaleExecution
+from agui_adapter.run_machine import RunMachine
+from agui_adapter.store import StoreError
+from agui_adapter.tracing import NO_TRACE
+from agui_adapter.translate import BUSY_STATES, inspect_frame
 
 if TYPE_CHECKING:
-    from .runs import Admission, RunEngine
+    from agui_adapter.runs import Admission, RunEngine
 
 log = logging.getLogger("agui_adapter.run")
 

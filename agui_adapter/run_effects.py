@@ -14,9 +14,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .a2a import KernelRejected
-from .events import Event
-from .record import Mutation, ThreadRecord
+from agui_adapter.a2a import KernelRejected
+from agui_adapter.events import Event
+from agui_adapter.record import Mutation, ThreadRecord
 
 
 class Mode(enum.Enum):

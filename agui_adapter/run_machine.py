@@ -59,17 +59,24 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import events as ev
-from . import interrupts as intr
-from . import messages as msg
-from . import outbound, resume
-from .a2a import KernelRejected
-from .errors import AguiError, Code, clip_detail
-from .events import Event
-from .i18n import translate
-from .pipeline import PipelineProgress
-from .record import AcceptAnswer, CommitInterrupts, PendingInterrupt, RecordIds, RetireExecution, ThreadRecord
-from .run_effects import (
+from agui_adapter import events as ev
+from agui_adapter import interrupts as intr
+from agui_adapter import messages as msg
+from agui_adapter import outbound, resume
+from agui_adapter.a2a import KernelRejected
+from agui_adapter.errors import AguiError, Code, clip_detail
+from agui_adapter.events import Event
+from agui_adapter.i18n import translate
+from agui_adapter.pipeline import PipelineProgress
+from agui_adapter.record import (
+    AcceptAnswer,
+    CommitInterrupts,
+    PendingInterrupt,
+    RecordIds,
+    RetireExecution,
+    ThreadRecord,
+)
+from agui_adapter.run_effects import (
     CancelTask,
     CancelWhenKnown,
     Effect,
@@ -93,8 +100,8 @@ from .run_effects import (
     StopStream,
     StopTask,
 )
-from .translate import BUSY_STATES, FAILURE_STATES, SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
-from .validation import RunInput
+from agui_adapter.translate import BUSY_STATES, FAILURE_STATES, SESSION_EVENT, FrameInfo, RunTranslator, inspect_frame
+from agui_adapter.validation import RunInput
 
 log = logging.getLogger("agui_adapter.run")
 

@@ -32,26 +32,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import messages as msg
-from . import resume
-from .a2a import KernelClient, KernelRejected, KernelUnavailable
-from .adoption import Adoption
-from .config import Settings
-from .content import build_user_parts
-from .errors import AguiError, Code
-from .idle import IdleWatch
-from .interrupts import rfc3339
-from .journal import JournalReader, JournalStore, ReplayUnavailable, RunNotFound
-from .metrics import Metrics
-from .record import Execution, RetireExecution, RunBegan, ThreadRecord
-from .run_driver import RunDriver
-from .run_effects import Mode
-from .run_machine import RunMachine
-from .store import RunLock, StoreError, ThreadStore
-from .tracing import Tracing
-from .translate import TERMINAL_STATES, inspect_frame
-from .validation import RunInput, request_digest
-from .workspace import Workspaces, ensure_workspace
+from agui_adapter import messages as msg
+from agui_adapter import resume
+from agui_adapter.a2a import KernelClient, KernelRejected, KernelUnavailable
+from agui_adapter.adoption import Adoption
+from agui_adapter.config import Settings
+from agui_adapter.content import build_user_parts
+from agui_adapter.errors import AguiError, Code
+from agui_adapter.idle import IdleWatch
+from agui_adapter.interrupts import rfc3339
+from agui_adapter.journal import JournalReader, JournalStore, ReplayUnavailable, RunNotFound
+from agui_adapter.metrics import Metrics
+from agui_adapter.record import Execution, RetireExecution, RunBegan, ThreadRecord
+from agui_adapter.run_driver import RunDriver
+from agui_adapter.run_effects import Mode
+from agui_adapter.run_machine import RunMachine
+from agui_adapter.store import RunLock, StoreError, ThreadStore
+from agui_adapter.tracing import Tracing
+from agui_adapter.translate import TERMINAL_STATES, inspect_frame
+from agui_adapter.validation import RunInput, request_digest
+from agui_adapter.workspace import Workspaces, ensure_workspace
 
 log = logging.getLogger("agui_adapter.runs")
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, fdlimit, idle, logs, sdnotify, state_gauges
-from .a2a import KernelClient
-from .config import (
+from agui_adapter import __version__, fdlimit, idle, logs, sdnotify, state_gauges
+from agui_adapter.a2a import KernelClient
+from agui_adapter.config import (
     CONFIG_ENV,
     ENV_NAMES,
     KERNEL_CHOICES,
@@ -37,16 +37,16 @@ from .config import (
     Settings,
     load_settings,
 )
-from .decode_budget import DECODES, map_large_allocations
-from .kernel_calls import KernelCalls
-from .kernels import KernelProcess, KernelStartError, start_kernel
-from .metrics import Metrics
-from .retention import start_retention
-from .runs import RunEngine
-from .serving import ServerLimits, WSGIServer
-from .store import StoreError, ThreadStore
-from .tracing import Tracing, from_environment
-from .web import AguiApp
+from agui_adapter.decode_budget import DECODES, map_large_allocations
+from agui_adapter.kernel_calls import KernelCalls
+from agui_adapter.kernels import KernelProcess, KernelStartError, start_kernel
+from agui_adapter.metrics import Metrics
+from agui_adapter.retention import start_retention
+from agui_adapter.runs import RunEngine
+from agui_adapter.serving import ServerLimits, WSGIServer
+from agui_adapter.store import StoreError, ThreadStore
+from agui_adapter.tracing import Tracing, from_environment
+from agui_adapter.web import AguiApp
 
 log = logging.getLogger("agui_adapter")
 

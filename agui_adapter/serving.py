@@ -59,7 +59,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from .connection import (
+from agui_adapter.connection import (
     ACTIVE,
     CLIENT_GONE_KEY,
     IDLE,
@@ -74,8 +74,8 @@ from .connection import (
     RequestBody,
     Response,
 )
-from .faults import describe
-from .http11 import CONTINUE, ProtocolError, Request, error_response, http_date, parse_request_head
+from agui_adapter.faults import describe
+from agui_adapter.http11 import CONTINUE, ProtocolError, Request, error_response, http_date, parse_request_head
 
 log = logging.getLogger("agui_adapter.serving")
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
+from agui_adapter.record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
 
 __all__ = [
     "Execution",

@@ -24,14 +24,14 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from . import history
-from . import messages as msg
-from .a2a import KernelRejected, KernelUnavailable
-from .errors import AguiError, Code
-from .interrupts import parse_rfc3339
-from .record import PendingInterrupt, RunEntry, ThreadRecord
-from .runs import RunEngine
-from .store import StoreError
+from agui_adapter import history
+from agui_adapter import messages as msg
+from agui_adapter.a2a import KernelRejected, KernelUnavailable
+from agui_adapter.errors import AguiError, Code
+from agui_adapter.interrupts import parse_rfc3339
+from agui_adapter.record import PendingInterrupt, RunEntry, ThreadRecord
+from agui_adapter.runs import RunEngine
+from agui_adapter.store import StoreError
 
 log = logging.getLogger("agui_adapter.threads")
 

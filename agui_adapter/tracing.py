@@ -53,7 +53,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import __version__, logs
+from agui_adapter import __version__, logs
 
 log = logging.getLogger("agui_adapter.tracing")
 

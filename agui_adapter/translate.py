@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import events as ev
-from . import interrupts as intr
-from . import pipeline as pl
-from .events import Event
-from .pipeline import PipelineProgress
+from agui_adapter import events as ev
+from agui_adapter import interrupts as intr
+from agui_adapter import pipeline as pl
+from agui_adapter.events import Event
+from agui_adapter.pipeline import PipelineProgress
 
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected", "auth-required"})
 FAILURE_STATES = frozenset({"failed", "rejected", "auth-required"})

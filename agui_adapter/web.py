@@ -49,21 +49,21 @@ from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
 from werkzeug.wsgi import get_input_stream
 
-from . import PROTOCOL_VERSION, __version__, client_modules, console_page, logs
-from . import events as ev
-from . import messages as msg
-from .a2a import KernelClient
-from .access_log import IDS_KEY, Exchange, ResponseBody
-from .connection import CLIENT_GONE_KEY
-from .errors import AguiError, Code
-from .faults import describe
-from .i18n import negotiate_language, translate
-from .journal import JournalReader, ReplayUnavailable, follow
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .runs import Admission, RunEngine
-from .threads import ThreadViews, check_path_header
-from .tracing import Tracing
-from .validation import (
+from agui_adapter import PROTOCOL_VERSION, __version__, client_modules, console_page, logs
+from agui_adapter import events as ev
+from agui_adapter import messages as msg
+from agui_adapter.a2a import KernelClient
+from agui_adapter.access_log import IDS_KEY, Exchange, ResponseBody
+from agui_adapter.connection import CLIENT_GONE_KEY
+from agui_adapter.errors import AguiError, Code
+from agui_adapter.faults import describe
+from agui_adapter.i18n import negotiate_language, translate
+from agui_adapter.journal import JournalReader, ReplayUnavailable, follow
+from agui_adapter.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from agui_adapter.runs import Admission, RunEngine
+from agui_adapter.threads import ThreadViews, check_path_header
+from agui_adapter.tracing import Tracing
+from agui_adapter.validation import (
     check_json_text,
     check_thread_header,
     preferred_language_hint,
