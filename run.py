@@ -7,7 +7,7 @@ and the embedded scripted kernel otherwise, so it works out of the box.
 
 import sys
 
-from agui_adapter.server import main
+from agui_adapter.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agui_adapter import flatyaml
-from agui_adapter.i18n import SUPPORTED_LANGUAGES, normalize_language
+from agui_adapter.protocol.i18n import SUPPORTED_LANGUAGES, normalize_language
 
 SECTION = "agui-adapter"
 KERNEL_CHOICES = ("auto", "iac-code", "scripted")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import atexit
 
+from agui_adapter.cli import build_app, configure_logging
 from agui_adapter.config import load_settings
-from agui_adapter.kernels import start_kernel
-from agui_adapter.retention import start_retention
-from agui_adapter.server import build_app, configure_logging
+from agui_adapter.kernel_client.launch import start_kernel
+from agui_adapter.state.retention import start_retention
 
 _settings = load_settings()
 configure_logging(_settings.log_level, _settings.log_format)

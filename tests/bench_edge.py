@@ -3,7 +3,7 @@
 
 Not collected by pytest (prints figures, asserts nothing). Starts the scripted kernel and
 the adapter as separate processes on loopback, once on the built-in server
-(``python run.py``, ``agui_adapter.serving``) and once on Werkzeug's development server
+(``python run.py``, ``agui_adapter.http.server``) and once on Werkzeug's development server
 (what ``python run.py`` used before), and prints side by side:
 
 - pre-stream rejections/s with 8 keep-alive clients (``http.client``, which reconnects
@@ -38,8 +38,8 @@ WERKZEUG_LAUNCHER = """
 import os
 from werkzeug.serving import make_server
 from agui_adapter.config import load_settings
-from agui_adapter.kernels import start_kernel
-from agui_adapter.server import build_app, configure_logging
+from agui_adapter.kernel_client.launch import start_kernel
+from agui_adapter.cli import build_app, configure_logging
 settings = load_settings()
 configure_logging(settings.log_level)
 app = build_app(settings, start_kernel(settings))
@@ -55,7 +55,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_kernel(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    cmd = [sys.executable, "-m", "agui_adapter.kernel", "--port", "0", "--token", TOKEN]
+    cmd = [sys.executable, "-m", "agui_adapter.scripted_kernel", "--port", "0", "--token", TOKEN]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     match = re.search(rb"READY (\S+)", proc.stdout.readline())

@@ -10,7 +10,7 @@ prints the time from ``exec`` to the first ``GET /health`` answered 200 (polled 
 2 ms on a port chosen beforehand), then the adapter's resident set size after
 ``--settle`` seconds of idleness (``VmRSS`` from ``/proc``); then the medians; then the
 median start of a bare interpreter (``python -c pass``) and the load average, for context;
-then the top imports of ``python -X importtime -c "import agui_adapter.server"`` by cumulative time,
+then the top imports of ``python -X importtime -c "import agui_adapter.cli"`` by cumulative time,
 and which optional heavy modules a bare start imports (none of jsonschema, requests, PIL,
 prometheus_client should).
 
@@ -77,7 +77,7 @@ def _rss_mib(pid: int) -> float:
 
 
 def start_kernel(state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    command = [sys.executable, "-m", "agui_adapter.kernel", "--host", "127.0.0.1", "--port", "0"]
+    command = [sys.executable, "-m", "agui_adapter.scripted_kernel", "--host", "127.0.0.1", "--port", "0"]
     command += ["--token-env", "AGUI_BENCH_KERNEL_TOKEN", "--state-dir", str(state)]
     proc = subprocess.Popen(command, cwd=ROOT, env=_environ(), stdout=subprocess.PIPE)
     assert proc.stdout is not None
@@ -113,7 +113,7 @@ def one_start(kernel_url: str | None, state: Path, settle: float) -> tuple[float
 
 
 def import_breakdown(top: int) -> None:
-    code = f"import sys, agui_adapter.server; print([m for m in {HEAVY!r} if m in sys.modules])"
+    code = f"import sys, agui_adapter.cli; print([m for m in {HEAVY!r} if m in sys.modules])"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_environ(), capture_output=True, check=True)  # warm
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
@@ -129,8 +129,8 @@ def import_breakdown(top: int) -> None:
             continue
         self_us, cumulative_us, name = line.removeprefix("import time:").split("|")
         rows.append((int(cumulative_us), int(self_us), name.rstrip()))
-    total = next((c for c, _, n in rows if n.strip() == "agui_adapter.server"), 0)
-    print(f"\nimport agui_adapter.server: {total / 1000:.0f} ms cumulative; top imports by cumulative time:")
+    total = next((c for c, _, n in rows if n.strip() == "agui_adapter.cli"), 0)
+    print(f"\nimport agui_adapter.cli: {total / 1000:.0f} ms cumulative; top imports by cumulative time:")
     for cumulative, own, name in sorted(rows, reverse=True)[:top]:
         print(f"  {cumulative / 1000:7.1f} ms  (self {own / 1000:5.1f})  {name}")
     print(f"optional heavy modules imported by a bare start: {done.stdout.strip()}")

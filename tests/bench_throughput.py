@@ -79,7 +79,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     tmp = Path(tempfile.mkdtemp(prefix="agui-bench-"))
     kernel, kernel_url = start(
-        [sys.executable, "-m", "agui_adapter.kernel", "--port", "0", "--token", TOKEN], rb"READY (\S+)", env
+        [sys.executable, "-m", "agui_adapter.scripted_kernel", "--port", "0", "--token", TOKEN], rb"READY (\S+)", env
     )
     if args.upstream:
         port = free_port()

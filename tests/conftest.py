@@ -1,6 +1,6 @@
 """Fixtures and hooks only; the helpers they use live in ``tests/support``.
 
-``adapter`` starts the real WSGI app under the built-in server (``agui_adapter.serving``,
+``adapter`` starts the real WSGI app under the built-in server (``agui_adapter.http.server``,
 what ``python run.py`` uses) on a free port
 (in this process, so tests can swap settings cheaply); ``adapter_process`` starts
 ``python run.py`` as a separate process for restart and kill scenarios. Every SSE
@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import validation
 from agui_adapter.config import Settings
-from agui_adapter.kernel import ScriptedKernel
-from agui_adapter.kernels import KernelProcess
+from agui_adapter.kernel_client.launch import KernelProcess
+from agui_adapter.protocol import validation
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_client import Client
 from tests.support.flow import KERNEL_TOKEN
 from tests.support.secrets import ADAPTER_LOGS, STATE_DIRS, leaked_secrets

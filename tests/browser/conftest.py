@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.browser import require_chromium, start_chromium
 from tests.support.flow import KERNEL_TOKEN
 

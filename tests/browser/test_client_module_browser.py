@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, run_body
 from tests.support.browser import console_errors, require_selenium
 from tests.support.cutting_proxy import CuttingProxy

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.web import json_response
+from agui_adapter.web.app import json_response
 from tests.browser.console import (
     TOKEN,
     event_ids,

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_check.official import node_binary, require_official_client
 from tests.support.agui_client import Client, LiveStream, run_body
 from tests.support.cutting_proxy import CuttingProxy

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from agui_adapter import messages
+from agui_adapter.protocol import catalog as messages
 from tests.support.agui_stream import RECORDER, check_stream, parse_sse
 from tests.support.copilotkit import (
     ROOT,

@@ -39,8 +39,8 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernel import ScriptedKernel
-from agui_adapter.store import thread_key
+from agui_adapter.scripted_kernel import ScriptedKernel
+from agui_adapter.state.store import thread_key
 from tests.support.agui_client import Client, resume, run_body, session_value
 from tests.support.agui_stream import RECORDER, check_stream, parse_sse
 from tests.support.flow import KERNEL_TOKEN, kernel_calls

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from agui_adapter.cli import parse_args
 from agui_adapter.config import CREDENTIAL_NAMES, Settings, load_settings
-from agui_adapter.fdlimit import descriptors_needed
-from agui_adapter.server import parse_args
+from agui_adapter.ops.fdlimit import descriptors_needed
 
 UNIT = Path(__file__).resolve().parents[2] / "deploy" / "agui-adapter.service"
 BINARY = "/opt/agui-adapter/bin/agui-adapter"

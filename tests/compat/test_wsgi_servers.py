@@ -41,8 +41,8 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernel.scripts import SLOW_PIECES
-from agui_adapter.store import thread_key
+from agui_adapter.scripted_kernel.turn_scripts import SLOW_PIECES
+from agui_adapter.state.store import thread_key
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import check_stream, parse_sse
 from tests.support.flow import KERNEL_TOKEN
@@ -395,7 +395,7 @@ def test_readers_on_both_workers_follow_one_run_after_its_own_client_left(
 # ``kill -9`` (its stream is cut), or recycled by ``--max-requests 1`` (a gthread worker lets its
 # open streams end before it exits: observed, the run then simply ends there). A cut client
 # reattaches with ``Last-Event-ID``; whichever worker serves it (the other one, or the one
-# gunicorn started in place of the dead one) has adopted the run (``agui_adapter/adoption.py``)
+# gunicorn started in place of the dead one) has adopted the run (``agui_adapter/run/adoption.py``)
 # and follows it to its end: one valid run with the kernel's whole text.
 def _adoption_text(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")

@@ -3,7 +3,7 @@
 ``python run.py --a2a-url <scripted kernel>`` processes on one state directory, the kernel
 started separately (it outlives them, as in ``deploy/``). A process is killed (``kill -9``)
 or stopped (SIGTERM with ``--on-shutdown handover``) in the middle of a run; a new process
-on the same state directory takes the run over (``agui_adapter/adoption.py``) when a client
+on the same state directory takes the run over (``agui_adapter/run/adoption.py``) when a client
 reattaches (either route), when a request for the thread arrives, or at start-up. The client's
 pieces, joined on their ids, must be one valid run (``joined``: no id twice, none missing,
 every span closed, one terminal event) whose text is the kernel's whole answer.
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernel import ScriptedKernel
-from agui_adapter.kernel.scripts import SLOW_PIECES
+from agui_adapter.scripted_kernel import ScriptedKernel
+from agui_adapter.scripted_kernel.turn_scripts import SLOW_PIECES
 from tests.support.agui_client import Client, LiveStream, joined, resume, run_body
 from tests.support.flow import KERNEL_TOKEN, cancelled_tasks, wait_for
 
@@ -223,7 +223,7 @@ def test_a_kernel_that_no_longer_has_the_task_ends_the_run_execution_lost(
 
 
 def test_kill_9_in_the_middle_of_a_pipeline_step(adapter_process: Any, kernel: ScriptedKernel, workspace: Path) -> None:
-    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
+    from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES
     from tests.support.kernel_rpc import journal
 
     a = start(adapter_process, kernel)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.connection import Connection
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.http.connection import Connection
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import parse_sse
 from tests.support.flow import cancelled_tasks, detached_runs, wait_for

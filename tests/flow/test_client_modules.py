@@ -27,7 +27,7 @@ def test_each_module_is_served_as_shipped_without_a_token(make_adapter: Any, nam
     assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"
     assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert response.headers["Cache-Control"] == "no-cache"
-    assert response.content == (ROOT / "agui_adapter" / "console" / name).read_bytes()
+    assert response.content == (ROOT / "agui_adapter" / "web" / "console" / name).read_bytes()
     assert int(response.headers["Content-Length"]) == len(response.content)
     # revalidation: the same ETag is 304 without a body, weak or in a list; another one is 200
     etag = response.headers["ETag"]
@@ -60,8 +60,8 @@ def test_a_page_of_an_allowed_origin_may_import_them(make_adapter: Any) -> None:
 
 
 def test_the_modules_are_self_contained_es_modules() -> None:
-    client = (ROOT / "agui_adapter" / "console" / NAMES[0]).read_text(encoding="utf-8")
-    agent = (ROOT / "agui_adapter" / "console" / NAMES[1]).read_text(encoding="utf-8")
+    client = (ROOT / "agui_adapter" / "web" / "console" / NAMES[0]).read_text(encoding="utf-8")
+    agent = (ROOT / "agui_adapter" / "web" / "console" / NAMES[1]).read_text(encoding="utf-8")
     # the client module has no dependency: no import at all (nothing for a browser to resolve)
     assert re.search(r"(?m)^\s*import\b|\bimport\s*\(", client) is None
     for name in ("withAdapter", "getThread", "followRun", "cancelExecution", "SSEParser"):

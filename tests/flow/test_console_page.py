@@ -67,7 +67,7 @@ def test_the_page_is_package_data() -> None:
     config.read(ROOT / "setup.cfg")
     patterns = config["options.package_data"]["agui_adapter"].split()
     package = ROOT / "agui_adapter"
-    shipped = [p.relative_to(package).as_posix() for p in (package / "console").rglob("*") if p.is_file()]
+    shipped = [p.relative_to(package).as_posix() for p in (package / "web" / "console").rglob("*") if p.is_file()]
     assert "index.html" in [Path(p).name for p in shipped]
     for path in shipped:
         assert any(fnmatch.fnmatch(path, pattern) for pattern in patterns), path

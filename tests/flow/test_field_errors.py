@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import messages
-from agui_adapter.i18n import SUPPORTED_LANGUAGES, translate
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.i18n import SUPPORTED_LANGUAGES, translate
 from tests.support.agui_client import Client, run_body
 
 CWD = "forwardedProps.iacCode.cwd"

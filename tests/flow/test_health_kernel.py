@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernels import KernelProcess
+from agui_adapter.kernel_client.launch import KernelProcess
 
 
 def test_health_names_the_scripted_kernel(make_adapter: Any) -> None:

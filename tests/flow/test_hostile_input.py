@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.store import ThreadStore
+from agui_adapter.state.store import ThreadStore
 from tests.support.agui_client import Client, run_body
 
 P = "forwardedProps.iacCode"

@@ -25,7 +25,7 @@ def test_health_is_cheap_and_describes_the_protocol(adapter: Any) -> None:
 def test_ready_reflects_the_kernel(make_adapter: Any, scripted_kernel: Any) -> None:
     adapter = make_adapter()
     assert requests.get(adapter.url + "ready", timeout=5).status_code == 200
-    from agui_adapter.kernels import KernelProcess, free_port
+    from agui_adapter.kernel_client.launch import KernelProcess, free_port
     from tests.support.servers import InProcessAdapter
 
     dead = InProcessAdapter(adapter.settings, KernelProcess(f"http://127.0.0.1:{free_port()}/", "x", "dead"))
@@ -208,7 +208,7 @@ def test_language_negotiation(client: Client, workspace: Path) -> None:
 
 
 def client_translate(language: str, text: str) -> str:
-    from agui_adapter.i18n import translate
+    from agui_adapter.protocol.i18n import translate
 
     translated = translate(language, text)
     assert language == "en" or translated != text, f"no {language} translation for {text!r}"

@@ -2,7 +2,7 @@
 
 Every request of a corpus of the test's own (framing, header syntax, smuggling vectors,
 pipelining, HTTP/1.0, ``Expect: 100-continue``, huge heads) and of hypothesis-generated
-heads is sent over a real socket to the built-in server (``agui_adapter.serving``) around a
+heads is sent over a real socket to the built-in server (``agui_adapter.http.server``) around a
 recording WSGI application, and the same bytes are fed to ``h11.Connection(h11.SERVER)``.
 What the server accepted (each request's method, target and body length, in order) must be
 what h11 accepted from the same bytes, request for request; when the server accepts fewer
@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agui_adapter.serving import ServerLimits, WSGIServer
+from agui_adapter.http.server import ServerLimits, WSGIServer
 
 Seen = tuple[str, str, int]
 """A request as accepted: method, target, body length."""

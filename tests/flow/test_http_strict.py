@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from werkzeug.test import EnvironBuilder
 
-from agui_adapter.web import CorsPolicy
+from agui_adapter.web.app import CorsPolicy
 
 MAX_LOG_LINE = 2048
 CHUNKED_JSON = b"2\r\n{}\r\n0\r\n\r\n"

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import decode_budget
-from agui_adapter.content import KERNEL_MAX_IMAGE_BYTES
-from agui_adapter.decode_budget import DECODES
+from agui_adapter.protocol import decode_budget
+from agui_adapter.protocol.content import KERNEL_MAX_IMAGE_BYTES
+from agui_adapter.protocol.decode_budget import DECODES
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import wait_for
 

@@ -196,7 +196,7 @@ def test_interrupt_survives_adapter_kill(adapter_process: Any, workspace: Path) 
 def test_persistence_failure_fails_closed(
     adapter: Any, workspace: Path, scripted_kernel: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agui_adapter.store import StoreError, ThreadStore
+    from agui_adapter.state.store import StoreError, ThreadStore
 
     real_save = ThreadStore.save
 
@@ -338,7 +338,7 @@ def test_session_backup_not_ready_is_retryable(client: Client, workspace: Path, 
 
 def test_cancel_before_the_kernel_named_its_task(adapter: Any, workspace: Path, scripted_kernel: Any) -> None:
     """Cancelled between admission and the kernel's first frame: the work still stops."""
-    from agui_adapter.validation import validate_run_input
+    from agui_adapter.protocol.validation import validate_run_input
     from tests.support.agui_stream import check_stream, parse_sse
 
     engine = adapter.app.engine

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from agui_adapter.kernels import KernelProcess, spawn_kernel
+from agui_adapter.kernel_client.launch import KernelProcess, spawn_kernel
 from tests.support.processes import children, cmdline, descendants, stat_fields
 from tests.support.servers import ROOT
 
@@ -136,7 +136,7 @@ def _kernel_of(family: list[Watched], marker: str) -> Watched:
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
 def test_scripted_kernel_dies_with_the_adapter(start_adapter: Callable[..., Started], signum: int) -> None:
     adapter = start_adapter("--kernel", "scripted")
-    kernel = _kernel_of(adapter.family, "agui_adapter.kernel")
+    kernel = _kernel_of(adapter.family, "agui_adapter.scripted_kernel")
     assert kernel.alive()
     assert requests.get(adapter.url + "ready", timeout=10).status_code == 200
     os.kill(adapter.proc.pid, signum)
@@ -270,7 +270,7 @@ def test_a_stop_signal_between_fork_and_exec_still_stops_the_kernel() -> None:
     swallowed by them."""
     script = (
         "import signal, subprocess, sys\n"
-        "from agui_adapter.lifeline import _parent_death_signal\n"
+        "from agui_adapter.kernel_client.lifeline import _parent_death_signal\n"
         "for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
         "    signal.signal(signum, lambda *_: None)  # what the supervisor installs\n"
         "child = subprocess.Popen(['sleep', '120'], preexec_fn=_parent_death_signal(0))\n"
@@ -290,7 +290,7 @@ def test_stop_in_a_forked_child_leaves_the_parents_kernel_alone(tmp_path: Path) 
     script = tmp_path / "fork.py"
     script.write_text(
         "import os, sys\n"
-        "from agui_adapter.kernels import KernelProcess, spawn_kernel\n"
+        "from agui_adapter.kernel_client.launch import KernelProcess, spawn_kernel\n"
         "kernel = KernelProcess('u', 't', 'x', spawn_kernel(['sleep', '300'], dict(os.environ)))\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
@@ -346,7 +346,7 @@ def test_a_gunicorn_worker_killed_takes_its_kernel_along(tmp_path: Path, reaper:
                 if worker in exclude:
                     continue
                 family = [Watched(pid) for pid in descendants(worker) if _stat(pid)]
-                if any("agui_adapter.kernel" in p.cmdline and "lifeline" not in p.cmdline for p in family):
+                if any("agui_adapter.scripted_kernel" in p.cmdline and "lifeline" not in p.cmdline for p in family):
                     reaper.extend(family)
                     return Watched(worker), family
             time.sleep(0.1)

@@ -11,9 +11,9 @@ from typing import Any
 
 import requests
 
-from agui_adapter.i18n import translate
-from agui_adapter.runs import context_id_for
-from agui_adapter.store import ThreadStore
+from agui_adapter.protocol.i18n import translate
+from agui_adapter.run.engine import context_id_for
+from agui_adapter.state.store import ThreadStore
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import kernel_calls
 

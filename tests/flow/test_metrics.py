@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from agui_adapter import __version__
-from agui_adapter.kernels import KernelProcess
+from agui_adapter.kernel_client.launch import KernelProcess
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import KERNEL_TOKEN, interrupted
 from tests.support.ports import free_port

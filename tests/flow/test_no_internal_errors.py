@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.workspace import CWD_FIELD
+from agui_adapter.state.workspace import CWD_FIELD
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import wait_for
 
@@ -83,7 +83,7 @@ def test_a_failure_creating_the_workspace_is_a_400(
         raise RecursionError("maximum recursion depth exceeded " + str(path) * 500)
 
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr("agui_adapter.workspace.os.mkdir", boom)
+    monkeypatch.setattr("agui_adapter.state.workspace.os.mkdir", boom)
     result = client.run(run_body(cwd=str(workspace / "new")), headers={"X-Request-ID": "rid-mkdir"})
     assert result.status == 400 and CWD_FIELD in result.error["message"]
     lines = [r for r in caplog.records if getattr(r, "request_id", None) == "rid-mkdir"]

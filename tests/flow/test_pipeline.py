@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
+from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES, is_pending_publication
 from tests.support.agui_client import Client, resume, run_body, session_value
 from tests.support.flow import kernel_calls
 from tests.support.kernel_rpc import journal

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.flow import KERNEL_TOKEN, cancelled_tasks, detached_runs, wait_for
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernels import KernelProcess, free_port
+from agui_adapter.kernel_client.launch import KernelProcess, free_port
 from tests.support.agui_client import Client, run_body
 from tests.support.servers import InProcessAdapter
 

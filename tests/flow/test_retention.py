@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from agui_adapter.config import ConfigError, load_settings
-from agui_adapter.interrupts import rfc3339
-from agui_adapter.record import PendingInterrupt
-from agui_adapter.retention import DAY_SECONDS, RetentionJob, prune, start_retention
-from agui_adapter.store import Execution, ThreadRecord, ThreadStore, thread_key
+from agui_adapter.run.interrupts import rfc3339
+from agui_adapter.state.record import PendingInterrupt
+from agui_adapter.state.retention import DAY_SECONDS, RetentionJob, prune, start_retention
+from agui_adapter.state.store import Execution, ThreadRecord, ThreadStore, thread_key
 from tests.support.flow import wait_for
 
 NOW = 1_800_000_000.0  # a fixed "now" (2027-01-15)

@@ -266,7 +266,7 @@ def test_disconnect_cancels_the_kernel_task(make_adapter: Any, workspace: Path, 
 
 
 def test_kernel_unavailable_mid_admission(make_adapter: Any, workspace: Path) -> None:
-    from agui_adapter.kernels import KernelProcess, free_port
+    from agui_adapter.kernel_client.launch import KernelProcess, free_port
     from tests.support.servers import InProcessAdapter
 
     base = make_adapter()
@@ -317,7 +317,7 @@ def test_turn_after_adapter_restart(adapter_process: Any, workspace: Path) -> No
 
 
 def test_a_body_closed_before_its_first_write_frees_the_thread(adapter: Any, workspace: Path) -> None:
-    from agui_adapter.validation import validate_run_input
+    from agui_adapter.protocol.validation import validate_run_input
 
     engine = adapter.app.engine
     body = run_body(thread_id="thread-never-iterated", cwd=str(workspace))
@@ -329,8 +329,8 @@ def test_a_body_closed_before_its_first_write_frees_the_thread(adapter: Any, wor
 
 def test_kernel_dies_mid_stream(tmp_path: Path, workspace: Path) -> None:
     from agui_adapter.config import Settings
-    from agui_adapter.kernel import ScriptedKernel
-    from agui_adapter.kernels import KernelProcess
+    from agui_adapter.kernel_client.launch import KernelProcess
+    from agui_adapter.scripted_kernel import ScriptedKernel
     from tests.support.servers import InProcessAdapter
 
     kernel = ScriptedKernel("t", delay_scale=0.05)

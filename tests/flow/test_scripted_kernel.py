@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.kernel_rpc import (
     SSE,
     a2a_headers,
@@ -930,7 +930,7 @@ def test_module_entry_point_ready_health_and_sigterm() -> None:
         [
             sys.executable,
             "-m",
-            "agui_adapter.kernel",
+            "agui_adapter.scripted_kernel",
             "--host",
             "127.0.0.1",
             "--port",

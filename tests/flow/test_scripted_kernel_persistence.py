@@ -1,6 +1,6 @@
 """The scripted kernel keeps its sessions across restarts, and leaves no temporary folder behind.
 
-Real processes and real signals: ``python -m agui_adapter.kernel --state-dir DIR``
+Real processes and real signals: ``python -m agui_adapter.scripted_kernel --state-dir DIR``
 is started, driven over its HTTP JSON-RPC, stopped with SIGTERM or SIGINT, and
 started again on the same directory (issue 9: a restarted ``python run.py`` must
 continue the conversations of its embedded kernel).
@@ -35,14 +35,15 @@ SECRETS = {
 
 
 class KernelProcess:
-    """One ``python -m agui_adapter.kernel`` child with its own TMPDIR."""
+    """One ``python -m agui_adapter.scripted_kernel`` child with its own TMPDIR."""
 
     def __init__(self, state_dir: Path | None, tmpdir: Path) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         env["TMPDIR"] = str(tmpdir)
         env["PERSISTENCE_TEST_TOKEN"] = TOKEN
-        command = [sys.executable, "-m", "agui_adapter.kernel", "--port", "0", "--token-env", "PERSISTENCE_TEST_TOKEN"]
+        command = [sys.executable, "-m", "agui_adapter.scripted_kernel", "--port", "0"]
+        command += ["--token-env", "PERSISTENCE_TEST_TOKEN"]
         if state_dir is not None:
             command += ["--state-dir", str(state_dir)]
         command += ["--delay-scale", "0"]
@@ -228,7 +229,7 @@ def test_without_a_state_directory_a_restart_forgets_the_session(tmp_path: Path,
 
 def test_the_adapter_starts_its_scripted_kernel_on_a_state_directory(tmp_path: Path) -> None:
     from agui_adapter.config import Settings
-    from agui_adapter.kernels import start_scripted
+    from agui_adapter.kernel_client.launch import start_scripted
 
     settings = Settings(state_dir=str(tmp_path / "adapter-state"), kernel="scripted")
     kernel = start_scripted(settings, delay_scale=0.0)

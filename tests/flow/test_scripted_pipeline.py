@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter.kernel import ScriptedKernel
+from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.kernel_rpc import (
     a2a_headers,
     frames,

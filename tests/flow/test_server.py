@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from agui_adapter.a2a import check_kernel_url
 from agui_adapter.config import ConfigError, load_settings
+from agui_adapter.kernel_client.a2a import check_kernel_url
 from tests.support.agui_client import Client, run_body
 from tests.support.servers import ROOT, wait_until_unreachable
 

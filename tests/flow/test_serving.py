@@ -1,4 +1,4 @@
-"""The built-in HTTP/1.1 server (``agui_adapter.serving``) over real loopback sockets.
+"""The built-in HTTP/1.1 server (``agui_adapter.http.server``) over real loopback sockets.
 
 Two kinds of tests: the server around a tiny WSGI application of this file (framing,
 timeouts, limits, shutdown), and the server around the real adapter on the scripted
@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from agui_adapter.cli import build_app
 from agui_adapter.config import Settings
-from agui_adapter.kernels import KernelProcess
-from agui_adapter.server import build_app
-from agui_adapter.serving import ServerLimits, WSGIServer
+from agui_adapter.http.server import ServerLimits, WSGIServer
+from agui_adapter.kernel_client.launch import KernelProcess
 
 # ---------------------------------------------------------------------- a raw HTTP client
 
@@ -817,8 +817,8 @@ def test_expect_100_continue_is_answered_when_the_body_is_read(serve: Serve) -> 
 
 
 def test_server_settings_from_flags_env_and_file(tmp_path: Path) -> None:
+    from agui_adapter.cli import parse_args, server_limits
     from agui_adapter.config import ConfigError, load_settings
-    from agui_adapter.server import parse_args, server_limits
 
     defaults = server_limits(load_settings({}, env={}))
     assert (defaults.keepalive_timeout, defaults.request_timeout, defaults.send_timeout) == (5.0, 30.0, 60.0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.i18n import SUPPORTED_LANGUAGES
+from agui_adapter.protocol.i18n import SUPPORTED_LANGUAGES
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import kernel_calls
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import logs, tracing
-from agui_adapter.kernels import KernelProcess
-from agui_adapter.server import build_app, server_limits
-from agui_adapter.serving import WSGIServer
+from agui_adapter.cli import build_app, server_limits
+from agui_adapter.http.server import WSGIServer
+from agui_adapter.kernel_client.launch import KernelProcess
+from agui_adapter.ops import logs, tracing
 from tests.support.agui_client import Client, resume, run_body
 from tests.support.flow import KERNEL_TOKEN, interrupted, kernel_calls, wait_for
 from tests.support.secrets import STATE_DIRS
@@ -213,8 +213,8 @@ def test_tracing_is_off_and_imports_nothing_without_otel_variables() -> None:
     check = (
         "import sys\n"
         "from agui_adapter.config import Settings\n"
-        "from agui_adapter.kernels import KernelProcess\n"
-        "from agui_adapter.server import build_app\n"
+        "from agui_adapter.kernel_client.launch import KernelProcess\n"
+        "from agui_adapter.cli import build_app\n"
         "app = build_app(Settings(state_dir=sys.argv[1]), KernelProcess('http://127.0.0.1:9/', 't', 'configured'))\n"
         "app.engine.metrics.http_request('health', '200')\n"
         "assert not app.tracing.enabled\n"

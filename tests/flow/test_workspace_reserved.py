@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import requests
 
-from agui_adapter import i18n, messages
-from agui_adapter.errors import AguiError
-from agui_adapter.workspace import resolve_workspace
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol import i18n
+from agui_adapter.protocol.errors import AguiError
+from agui_adapter.state.workspace import resolve_workspace
 
 
 @pytest.fixture

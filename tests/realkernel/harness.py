@@ -564,7 +564,7 @@ def assert_journal_delivered_once(kernel: RealKernel, runs: list[RunResult]) -> 
     the publications pending the kernel's backup (never: their committed twins are); each
     business event once by eventId and by (type, sequence) (``tests/support/pipeline_checks``)."""
     # the adapter's allowlist and pending rule (the harness needs no adapter)
-    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
+    from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES, is_pending_publication
     from tests.support.pipeline_checks import assert_business_events_once
 
     ids = [e["eventId"] for e in pipeline_events(*runs)]

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.interrupts import parse_rfc3339
+from agui_adapter.run.interrupts import parse_rfc3339
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
 from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
 from tests.support.flow import wait_for
@@ -536,7 +536,7 @@ def test_pipeline_question_answered_by_option_runs_to_its_end(
     # pending the kernel's backup (their committed twins did); each business event once
     import requests
 
-    from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
+    from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES, is_pending_publication
     from tests.support.pipeline_checks import assert_business_events_once
 
     state = requests.get(

@@ -5,7 +5,7 @@
 handover``, the default with ``--a2a-url``) in the middle of a run: a slow streaming turn, a
 tool call, a ``selling`` pipeline in the middle of a step, a turn that reaches a permission
 while no adapter process is alive. A new process on the same state directory adopts the run
-(``agui_adapter/adoption.py``); the client comes back with ``Last-Event-ID`` by either route and
+(``agui_adapter/run/adoption.py``); the client comes back with ``Last-Event-ID`` by either route and
 its pieces, joined on their ids, are one valid run (``joined``; the official client's verdict
 too), whose text is the kernel's final message. The time from the new process being ready to
 the client's next event is printed (``-s``).
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES
+from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.fake_llm import FakeLLM
 
@@ -95,7 +95,7 @@ def test_kill_9_in_a_slow_streaming_turn_then_a_new_process_adopts_it(
 
 def official(events: list[dict[str, Any]]) -> None:
     """The official @ag-ui/client's verdict on the joined run: 0 errors."""
-    from agui_adapter.events import encode_many
+    from agui_adapter.protocol.events import encode_many
     from tests.support.agui_check.official import check_streams, require_official_client
 
     require_official_client()

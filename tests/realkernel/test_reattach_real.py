@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, is_pending_publication
+from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES, is_pending_publication
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.fake_llm import FakeLLM
 from tests.support.flow import wait_for

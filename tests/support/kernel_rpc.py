@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 if TYPE_CHECKING:
-    from agui_adapter.kernel import ScriptedKernel
+    from agui_adapter.scripted_kernel import ScriptedKernel
 
 EVENT_STREAM = "text/event-stream; charset=utf-8"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from agui_adapter.pipeline import CUSTOM_EVENT_TYPES, PIPELINE_EVENT, is_pending_publication
+from agui_adapter.run.pipeline_progress import CUSTOM_EVENT_TYPES, PIPELINE_EVENT, is_pending_publication
 
 #: The events a client acts on: shown twice, they say twice that something happened.
 BUSINESS_EVENT_TYPES = (

@@ -1,6 +1,6 @@
 """The adapter under test, served on real loopback sockets.
 
-``InProcessAdapter`` serves the WSGI app under the built-in server (``agui_adapter.serving``,
+``InProcessAdapter`` serves the WSGI app under the built-in server (``agui_adapter.http.server``,
 what ``python run.py`` uses) in this process (so tests can swap settings cheaply);
 ``AdapterProcess`` runs ``python run.py`` as a child process, for restart, kill and
 real-kernel scenarios. ``wait_until_unreachable`` proves a process stopped.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import requests
 
+from agui_adapter.cli import build_app, server_limits
 from agui_adapter.config import Settings
-from agui_adapter.kernels import KernelProcess
-from agui_adapter.server import build_app, server_limits
-from agui_adapter.serving import WSGIServer
+from agui_adapter.http.server import WSGIServer
+from agui_adapter.kernel_client.launch import KernelProcess
 from tests.support.agui_client import Client
 
 ROOT = Path(__file__).resolve().parents[2]

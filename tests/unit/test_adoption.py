@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agui_adapter import events as ev
-from agui_adapter.adoption import orphaned
-from agui_adapter.journal import JournalStore, JournalWriter, scan_run, writer_alive
-from agui_adapter.translate import RunTranslator, inspect_frame
+from agui_adapter.protocol import events as ev
+from agui_adapter.run.adoption import orphaned
+from agui_adapter.run.translation import RunTranslator, inspect_frame
+from agui_adapter.state.journal import JournalStore, JournalWriter, scan_run, writer_alive
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "a2a-subscribe"
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import content, messages
-from agui_adapter.content import (
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol import content
+from agui_adapter.protocol.content import (
     KERNEL_MAX_IMAGE_BYTES,
     MAX_IMAGE_BYTES,
     MAX_TOTAL_IMAGE_BYTES,
@@ -19,7 +20,7 @@ from agui_adapter.content import (
     image_resizing_available,
     latest_user_message,
 )
-from agui_adapter.errors import AguiError
+from agui_adapter.protocol.errors import AguiError
 from tests.support.images import png_bytes
 
 MiB = 1024 * 1024
@@ -427,7 +428,7 @@ def test_fitting_strip_by_strip_is_the_whole_image_resize(mode: str) -> None:
     Image = pytest.importorskip("PIL.Image")
     from PIL import ImageChops
 
-    from agui_adapter.content import _fit
+    from agui_adapter.protocol.content import _fit
 
     source = Image.frombytes("RGBA", (2900, 2300), os.urandom(2900 * 2300 * 4))
     source = source.convert("L").convert(mode) if mode == "I;16" else source.convert(mode)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import decode_budget, messages
 from agui_adapter.config import ConfigError, load_settings
-from agui_adapter.decode_budget import DecodeBudget
-from agui_adapter.errors import AguiError
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol import decode_budget
+from agui_adapter.protocol.decode_budget import DecodeBudget
+from agui_adapter.protocol.errors import AguiError
 
 
 def test_reservations_share_the_budget_and_the_last_one_trims() -> None:

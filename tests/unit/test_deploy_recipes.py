@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agui_adapter.config import Settings
-from agui_adapter.web import MAX_RUN_BODY
+from agui_adapter.web.app import MAX_RUN_BODY
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RECIPES = ("nginx-tls.conf", "nginx-sticky-threads.conf")

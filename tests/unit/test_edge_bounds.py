@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from agui_adapter import messages
-from agui_adapter.errors import AguiError
-from agui_adapter.record import MAX_RUN_DIGESTS, Execution, RunDigests, ThreadRecord, run_key
-from agui_adapter.validation import MAX_JSON_DEPTH, check_json_text
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.errors import AguiError
+from agui_adapter.protocol.validation import MAX_JSON_DEPTH, check_json_text
+from agui_adapter.state.record import MAX_RUN_DIGESTS, Execution, RunDigests, ThreadRecord, run_key
 
 
 def nested(depth: int) -> object:

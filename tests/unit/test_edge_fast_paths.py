@@ -11,7 +11,7 @@ import pytest
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 
-from agui_adapter import web
+from agui_adapter.web import app as web
 
 
 @pytest.mark.parametrize(("route", "endpoint"), sorted(web.FIXED_ROUTES.items()))

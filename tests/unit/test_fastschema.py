@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agui_adapter import fastschema, validation
-from agui_adapter.errors import AguiError
+from agui_adapter.protocol import fastschema, validation
+from agui_adapter.protocol.errors import AguiError
 
 AGREE = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOAK = settings(max_examples=20000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

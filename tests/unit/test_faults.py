@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agui_adapter.faults import describe
+from agui_adapter.ops.faults import describe
 
 
 def deep(n: int, payload: str) -> None:
@@ -34,7 +34,7 @@ def test_the_log_formats_bound_any_traceback_left() -> None:
     import logging
     import sys
 
-    from agui_adapter.logs import MAX_TRACEBACK, JsonFormatter, TextFormatter
+    from agui_adapter.ops.logs import MAX_TRACEBACK, JsonFormatter, TextFormatter
 
     try:
         try:

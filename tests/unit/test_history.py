@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import events as ev
-from agui_adapter import history
-from agui_adapter.journal import JournalStore, last_written_id
-from agui_adapter.record import (
+from agui_adapter.protocol import events as ev
+from agui_adapter.protocol import history
+from agui_adapter.state.journal import JournalStore, last_written_id
+from agui_adapter.state.record import (
     MAX_RUNS,
     Execution,
     PendingInterrupt,
@@ -26,7 +26,7 @@ from agui_adapter.record import (
     RunEntry,
     ThreadRecord,
 )
-from agui_adapter.threads import thread_view
+from agui_adapter.web.thread_resource import thread_view
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "history"
 

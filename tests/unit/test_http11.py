@@ -1,4 +1,4 @@
-"""The HTTP/1.1 wire rules (``agui_adapter.http11``) on bytes and values: no sockets, no clock.
+"""The HTTP/1.1 wire rules (``agui_adapter.http.rules``) on bytes and values: no sockets, no clock.
 
 The same rules run over real sockets in ``tests/flow/test_serving.py``; here every case is
 a function call: request heads good and bad, the body framing, chunked bodies fed in
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agui_adapter.http11 import (
+from agui_adapter.http.rules import (
     LAST_CHUNK,
     MAX_CHUNK_LINE,
     MAX_REQUEST_LINE,

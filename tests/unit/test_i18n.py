@@ -1,4 +1,4 @@
-"""Tests for the message catalogs and per-request language handling (``agui_adapter.i18n``).
+"""Tests for the message catalogs and per-request language handling (``agui_adapter.protocol.i18n``).
 
 They prove that every adapter message exists in every supported language with the same
 placeholders, that language negotiation follows upstream's rules (with a configured
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import i18n, messages
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol import i18n
 
 LOCALES = Path(i18n.__file__).parent / "locales"
 TRANSLATED = [language for language in i18n.SUPPORTED_LANGUAGES if language != "en"]

@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from agui_adapter import messages
-from agui_adapter.content import MAX_IMAGE_PIXELS, build_user_parts, image_dimensions
-from agui_adapter.errors import AguiError
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.content import MAX_IMAGE_PIXELS, build_user_parts, image_dimensions
+from agui_adapter.protocol.errors import AguiError
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import events as ev
-from agui_adapter.journal import (
+from agui_adapter.protocol import events as ev
+from agui_adapter.state.journal import (
     END,
     JournalStore,
     ReplayUnavailable,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import events as ev
-from agui_adapter.journal import JournalReader, JournalStore
+from agui_adapter.protocol import events as ev
+from agui_adapter.state.journal import JournalReader, JournalStore
 
 BUFFER = 64 * 1024  # segments of 16 KiB
 

@@ -22,8 +22,8 @@ LAZY = ("jsonschema", "requests", "urllib3", "PIL", "prometheus_client")
 SERVE_HEALTH = """
 import io, json, sys, tempfile
 from agui_adapter.config import load_settings
-from agui_adapter.kernels import KernelProcess
-from agui_adapter.server import build_app
+from agui_adapter.kernel_client.launch import KernelProcess
+from agui_adapter.cli import build_app
 settings = load_settings({"state_dir": tempfile.mkdtemp()}, env={})
 app = build_app(settings, KernelProcess("http://127.0.0.1:9/", "token", "configured"))
 status = []
@@ -43,7 +43,7 @@ def _run(code: str) -> str:
 
 
 def test_importing_the_server_imports_none_of_the_optional_heavy_modules() -> None:
-    out = _run(f"import sys, agui_adapter.server, agui_adapter.web; print([m for m in {LAZY!r} if m in sys.modules])")
+    out = _run(f"import sys, agui_adapter.cli, agui_adapter.web.app; print([m for m in {LAZY!r} if m in sys.modules])")
     assert out == "[]"
 
 
@@ -55,5 +55,5 @@ def test_building_the_app_and_answering_health_imports_none_of_them() -> None:
 
 def test_the_check_would_see_a_module_imported_at_start() -> None:
     """The tests above can fail: a module a start does import is seen."""
-    out = _run("import sys, agui_adapter.server, json; print([m for m in ('werkzeug', 'json') if m in sys.modules])")
+    out = _run("import sys, agui_adapter.cli, json; print([m for m in ('werkzeug', 'json') if m in sys.modules])")
     assert out == "['werkzeug', 'json']"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import logs
 from agui_adapter.config import ConfigError, load_settings
-from agui_adapter.metrics import BuiltinRegistry, KernelUpProbe, Metrics
+from agui_adapter.ops import logs
+from agui_adapter.ops.metrics import BuiltinRegistry, KernelUpProbe, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_the_multiprocess_backend_adds_up_processes(tmp_path: Path) -> None:
     """Each child is a process of its own (prometheus_client picks its mode at import)."""
     pytest.importorskip("prometheus_client")
     script = (
-        "from agui_adapter.metrics import Metrics\n"
+        "from agui_adapter.ops.metrics import Metrics\n"
         "m = Metrics.for_environment()\n"
         "assert m.multiprocess\n"
         "m.events_sent(5); m.run_finished('success', None, 1.0); m.run_opened()\n"
@@ -101,7 +101,7 @@ def test_the_multiprocess_backend_adds_up_processes(tmp_path: Path) -> None:
     for closes in (True, False):
         code = script + ("m.run_closed()\n" if closes else "")
         subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
-    render = "from agui_adapter.metrics import Metrics\nprint(Metrics.for_environment().render().decode())\n"
+    render = "from agui_adapter.ops.metrics import Metrics\nprint(Metrics.for_environment().render().decode())\n"
     text = subprocess.run(
         [sys.executable, "-c", render], env=env, check=True, cwd=ROOT, capture_output=True, text=True
     ).stdout
@@ -187,7 +187,7 @@ def test_the_same_series_whether_prometheus_client_renders_them_or_not() -> None
 
 
 def test_state_readings_count_live_interrupts_and_journal_files(tmp_path: Path) -> None:
-    from agui_adapter import state_gauges
+    from agui_adapter.ops import state_gauges
 
     threads = tmp_path / "threads"
     threads.mkdir()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agui_adapter.record import (
+from agui_adapter.state.record import (
     MAX_TERMINAL_EXECUTIONS,
     AcceptAnswer,
     CommitInterrupts,

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import interrupts as intr
-from agui_adapter import resume
-from agui_adapter.errors import AguiError
-from agui_adapter.record import PendingInterrupt
-from agui_adapter.validation import ResumeEntry
+from agui_adapter.protocol.errors import AguiError
+from agui_adapter.protocol.validation import ResumeEntry
+from agui_adapter.run import interrupts as intr
+from agui_adapter.run import resume
+from agui_adapter.state.record import PendingInterrupt
 
 PERMISSION = {"kind": "permission", "inputId": "p1", "toolUseId": "call-1", "required": True}
 QUESTION = {

@@ -15,20 +15,12 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import interrupts as intr
-from agui_adapter.a2a import KernelRejected
-from agui_adapter.errors import Code
-from agui_adapter.record import (
-    AcceptAnswer,
-    CommitInterrupts,
-    Execution,
-    PendingInterrupt,
-    RecordIds,
-    RetireExecution,
-    StaleExecution,
-    ThreadRecord,
-)
-from agui_adapter.run_effects import (
+from agui_adapter.kernel_client.a2a import KernelRejected
+from agui_adapter.kernel_client.sse import SSEDecoder
+from agui_adapter.protocol.errors import Code
+from agui_adapter.protocol.validation import validate_run_input
+from agui_adapter.run import interrupts as intr
+from agui_adapter.run.effects import (
     CancelTask,
     CancelWhenKnown,
     Effect,
@@ -52,10 +44,18 @@ from agui_adapter.run_effects import (
     StopStream,
     StopTask,
 )
-from agui_adapter.run_machine import Phase, RunMachine
-from agui_adapter.sse import SSEDecoder
-from agui_adapter.translate import inspect_frame
-from agui_adapter.validation import validate_run_input
+from agui_adapter.run.machine import Phase, RunMachine
+from agui_adapter.run.translation import inspect_frame
+from agui_adapter.state.record import (
+    AcceptAnswer,
+    CommitInterrupts,
+    Execution,
+    PendingInterrupt,
+    RecordIds,
+    RetireExecution,
+    StaleExecution,
+    ThreadRecord,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "a2a"
 NOW = 1_800_000_000.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import fdlimit, sdnotify
+from agui_adapter.ops import fdlimit, sdnotify
 
 
 def test_the_address_is_a_path_an_abstract_name_or_nothing() -> None:
@@ -88,7 +88,7 @@ def test_the_soft_limit_is_raised_to_the_hard_one_and_a_tight_one_warned_about(
 
 
 def test_the_watchdog_pings_only_while_the_server_is_healthy(tmp_path: Path) -> None:
-    from agui_adapter.server import start_watchdog
+    from agui_adapter.cli import start_watchdog
 
     path = str(tmp_path / "notify")
     healthy = [True]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter.record import PendingInterrupt
-from agui_adapter.store import Execution, StoreError, ThreadRecord, ThreadStore, thread_key
+from agui_adapter.state.record import PendingInterrupt
+from agui_adapter.state.store import Execution, StoreError, ThreadRecord, ThreadStore, thread_key
 
 
 def record(thread_id: str = "t-1") -> ThreadRecord:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agui_adapter import messages
-from agui_adapter.errors import AguiError
-from agui_adapter.i18n import SUPPORTED_LANGUAGES, translate
-from agui_adapter.validation import THREAD_HEADER, check_thread_header
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.errors import AguiError
+from agui_adapter.protocol.i18n import SUPPORTED_LANGUAGES, translate
+from agui_adapter.protocol.validation import THREAD_HEADER, check_thread_header
 
 
 def test_absent_header_is_accepted() -> None:

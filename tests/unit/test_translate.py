@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agui_adapter import interrupts as intr
-from agui_adapter.sse import SSEDecoder
-from agui_adapter.translate import RunTranslator, inspect_frame, normalize_numbers, normalize_state
+from agui_adapter.kernel_client.sse import SSEDecoder
+from agui_adapter.run import interrupts as intr
+from agui_adapter.run.translation import RunTranslator, inspect_frame, normalize_numbers, normalize_state
 from tests.support.agui_stream import check_stream
 
 DATA = Path(__file__).parents[1] / "data" / "a2a"
@@ -202,7 +202,7 @@ def test_question_schema_accepts_options_or_free_text() -> None:
 
 
 def test_pipeline_capture_maps_steps_text_tools_and_customs() -> None:
-    from agui_adapter.pipeline import PipelineProgress
+    from agui_adapter.run.pipeline_progress import PipelineProgress
 
     progress = PipelineProgress()
     first = RunTranslator("thread-p", "run-1", pipeline=progress)
@@ -263,7 +263,7 @@ def envelope(sequence: int, kind: str, event_id: str, **extra: Any) -> dict[str,
     ids=["visibility", "data-visibility", "backup-pending"],
 )
 def test_a_publication_pending_backup_is_never_sent(pending: dict[str, Any]) -> None:
-    from agui_adapter.pipeline import PipelineProgress, is_pending_publication
+    from agui_adapter.run.pipeline_progress import PipelineProgress, is_pending_publication
 
     progress = PipelineProgress(high_water=18)
     translator = RunTranslator("thread-p", "run-1", pipeline=progress)
@@ -278,7 +278,7 @@ def test_a_publication_pending_backup_is_never_sent(pending: dict[str, Any]) -> 
 
 
 def test_the_committed_twin_is_sent_once_live_then_gap_fill_in_any_order() -> None:
-    from agui_adapter.pipeline import PipelineProgress
+    from agui_adapter.run.pipeline_progress import PipelineProgress
 
     journal = [
         envelope(19, "pipeline_completed", "e19", visibility="pending_backup", data={"totalSteps": 5}),
@@ -304,7 +304,7 @@ def test_the_committed_twin_is_sent_once_live_then_gap_fill_in_any_order() -> No
 def test_a_pending_publication_never_committed_leaves_only_backup_blocked() -> None:
     # the kernel's backup failed: no committed twin, a backup_blocked event instead; the kernel's
     # snapshot drops the pending terminal and waits for input, and so does the client's view
-    from agui_adapter.pipeline import PipelineProgress
+    from agui_adapter.run.pipeline_progress import PipelineProgress
 
     progress = PipelineProgress(high_water=18)
     translator = RunTranslator("thread-p", "run-1", pipeline=progress)
@@ -321,7 +321,7 @@ def test_a_pending_publication_never_committed_leaves_only_backup_blocked() -> N
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_frame_reader_with_and_without_the_speedups(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agui_adapter import a2a
+    from agui_adapter.kernel_client import a2a
 
     if not fast:
         monkeypatch.setattr(a2a, "_decode_batch", json.loads)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import idle
+from agui_adapter.cli import configure_logging, parse_args
 from agui_adapter.config import ENV_NAMES, ConfigError, load_settings
-from agui_adapter.server import configure_logging, parse_args
+from agui_adapter.ops import idle
 
 DOCUMENTED = Path(__file__).resolve().parents[1] / "data" / "upstream" / "agui.yaml"
 

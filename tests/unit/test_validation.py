@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from agui_adapter import messages
-from agui_adapter.errors import AguiError
-from agui_adapter.validation import (
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.errors import AguiError
+from agui_adapter.protocol.validation import (
     SECRET_PATHS,
     IacCodeProps,
     ResumeEntry,
@@ -103,14 +103,14 @@ def assert_refused(payload: object, template: str, **params: Any) -> AguiError:
 
 @pytest.mark.parametrize("name", ["run_agent_input.json", "iac_code_props.json"])
 def test_shipped_schemas_are_valid_draft_2020_12(name: str) -> None:
-    text = resources.files("agui_adapter").joinpath("schemas", name).read_text("utf-8")
+    text = resources.files("agui_adapter.protocol").joinpath("schemas", name).read_text("utf-8")
     schema = json.loads(text)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     Draft202012Validator.check_schema(schema)
 
 
 def test_iac_code_schema_is_closed_at_every_level() -> None:
-    text = resources.files("agui_adapter").joinpath("schemas", "iac_code_props.json").read_text("utf-8")
+    text = resources.files("agui_adapter.protocol").joinpath("schemas", "iac_code_props.json").read_text("utf-8")
     schema = json.loads(text)
     assert schema["additionalProperties"] is False
     assert schema["properties"]["thinking"]["additionalProperties"] is False

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter import messages
-from agui_adapter.errors import AguiError
-from agui_adapter.workspace import Workspaces, allowed_roots, ensure_workspace, resolve_workspace
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.errors import AguiError
+from agui_adapter.state.workspace import Workspaces, allowed_roots, ensure_workspace, resolve_workspace
 
 
 @pytest.fixture

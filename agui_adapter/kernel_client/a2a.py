@@ -1,0 +1,595 @@
+"""The kernel client: JSON-RPC 2.0 over HTTP to the iac-code A2A runtime.
+
+One pooled ``requests.Session`` (made on first use) serves the unary calls. The streaming calls to an
+``http://`` kernel (a run's path to its first delta) go over the standard library's
+``http.client`` on kept-alive connections of their own (``StreamConnections``): about a
+millisecond less per call than ``requests``, whose per-request machinery (hooks, adapters,
+urllib3's pool and response wrappers) is not needed for one POST and a stream of bytes;
+an ``https://`` kernel keeps ``requests`` (its certificate handling). Every request carries
+``A2A-Version: 1.0`` (without it the kernel assumes 0.3) and the kernel's bearer token, and
+goes through ``calls`` (``kernel_calls.KernelCalls``): the request id and the trace context
+as headers, its latency and failure kind to the metrics, one debug line.
+A streaming call the kernel rejects comes back as a plain JSON-RPC error, not SSE: the
+content type decides. ``KernelStream`` owns one blocking SSE response; ``close()`` may be
+called from another thread and unblocks a reader stuck in ``recv``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from agui_adapter.http.rules import ChunkedDecoder
+from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
+from agui_adapter.kernel_client.sse import SSEDecoder
+
+
+def _first_batch(text: str) -> Any:
+    """The batch decoder, chosen at the first batch of frames rather than at import (orjson
+    costs about 1 MiB of an idle process): the optional "speedups" extra's orjson (about 25%
+    more events/s on the kernel's frames), else the standard library, which always works."""
+    global _decode_batch
+    try:
+        from orjson import loads
+    except ImportError:
+        loads = json.loads
+    _decode_batch = loads
+    return loads(text)
+
+
+_decode_batch: Callable[[str], Any] = _first_batch
+
+if TYPE_CHECKING:
+    import requests
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _requests() -> Any:
+    """``requests``, imported on first use: the unary calls and an ``https://`` kernel's
+    streams need it, a run's stream from an ``http://`` kernel does not (``StreamConnections``),
+    and importing it (urllib3, charset_normalizer, certifi, idna) is a fifth of the start-up."""
+    import requests
+
+    return requests
+
+
+class KernelUnavailable(Exception):
+    """The kernel could not be reached, or answered with an HTTP error.
+
+    ``kind`` says how (``kernel_calls``): connection, timeout, http_status, bad_answer."""
+
+    def __init__(self, message: str, kind: str = "connection") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class KernelRejected(Exception):
+    """The kernel answered with a JSON-RPC error object."""
+
+    kind = "rejected"
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = error if isinstance(error, dict) else {}
+        message = self.error.get("message")
+        self.detail = message if isinstance(message, str) else "JSON-RPC error"
+        self.rpc_code = self.error.get("code")
+        super().__init__(f"{self.rpc_code}: {self.detail}")
+
+    @property
+    def data(self) -> Any:
+        return self.error.get("data")
+
+
+def check_kernel_url(url: str, *, allow_remote: bool) -> str:
+    """Validate and normalise a kernel URL (loopback only unless explicitly allowed)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"The kernel URL must be an http(s) URL, got {url!r}.")
+    if not allow_remote and parts.hostname.lower() not in LOOPBACK_HOSTS:
+        raise ValueError(
+            "The kernel URL must be on loopback (127.0.0.1, localhost or ::1); "
+            "set allow_remote_kernel to use a remote kernel."
+        )
+    return url.rstrip("/") + "/"
+
+
+def _socket_of(response: requests.Response) -> socket.socket | None:
+    """The socket under a streaming response, so that another thread can shut it down.
+
+    For a ``Connection: close`` response http.client has already detached the socket
+    from its connection object; the response's file object still holds it.
+    """
+    raw = response.raw
+    connection = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        fp = getattr(getattr(raw, "_fp", None), "fp", None)  # http.client.HTTPResponse.fp
+        sock = getattr(getattr(fp, "raw", None), "_sock", None)  # BufferedReader -> SocketIO
+    return sock if isinstance(sock, socket.socket) else None
+
+
+class KernelStream:
+    """One streaming JSON-RPC response, read as batches of decoded frames."""
+
+    def __init__(self, response: requests.Response) -> None:
+        self._response = response
+        self._lock = threading.Lock()
+        self._done = False
+        self._sock = _socket_of(response)
+
+    def chunks(self) -> Iterator[bytes]:
+        """The raw bytes of the response, one item per network read."""
+        raw = self._response.raw
+        try:
+            if raw.chunked:
+                yield from raw.read_chunked(None, decode_content=True)
+            else:
+                yield from iter(lambda: raw.read1(65536), b"")
+        except Exception as exc:  # requests/urllib3/socket errors alike
+            if self.closed:
+                return
+            raise KernelUnavailable(f"kernel stream broke: {exc.__class__.__name__}") from exc
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._done = True
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._done
+
+    def close(self) -> None:
+        """Abort the stream; safe from any thread, idempotent."""
+        with self._lock:
+            if not self._done and self._sock is not None:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._done = True
+        self._close_response()
+
+    def _close_response(self) -> None:
+        try:
+            self._response.close()
+        except Exception:  # noqa: BLE001 - closing must never raise
+            pass
+
+
+class ConnectionStream(KernelStream):
+    """A streaming response read with ``http.client`` on a pooled connection; the
+    connection goes back to its pool when the body was read to its end.
+
+    A chunked body (what the kernel sends) is decoded here, with the wire rules of the
+    server's own decoder (``http11.ChunkedDecoder``), rather than by ``http.client``,
+    whose ``read1`` hands back one HTTP chunk per call: the kernel writes one chunk per
+    frame, so one item per network read carries every frame that has arrived, and the run
+    decodes them in one go instead of one queue item and one parser call per frame."""
+
+    def __init__(
+        self,
+        response: http.client.HTTPResponse,
+        connection: http.client.HTTPConnection,
+        sock: socket.socket,
+        pool: StreamConnections,
+    ) -> None:
+        self._http = response
+        self._lock = threading.Lock()
+        self._done = False
+        self._sock = sock
+        self._connection: http.client.HTTPConnection | None = connection
+        self._pool = pool
+
+    def chunks(self) -> Iterator[bytes]:
+        finished = False
+        try:
+            if self._http.chunked and self._http.fp is not None:
+                yield from self._dechunked(self._http.fp)
+                self._http.close()  # the body is over: the connection can serve the next call
+            else:
+                read1 = self._http.read1
+                while True:
+                    data = read1(65536)
+                    if not data:
+                        break
+                    yield data
+            finished = self._http.isclosed() and not self._http.will_close
+        except Exception as exc:  # http.client and socket errors alike
+            if self.closed:
+                return
+            raise KernelUnavailable(f"kernel stream broke: {exc.__class__.__name__}") from exc
+        finally:
+            self._ended()
+            self._let_go(reuse=finished)  # read to its end, never aborted: it can serve again
+
+    def _let_go(self, *, reuse: bool) -> None:
+        """Give the connection back to the pool, or close it (once)."""
+        with self._lock:
+            connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if reuse:
+            self._pool.give_back(connection)
+        else:
+            connection.close()
+
+    @staticmethod
+    def _dechunked(fp: Any) -> Iterator[bytes]:
+        """The data of a chunked body, all that arrived with each network read."""
+        decoder = ChunkedDecoder()
+        while not decoder.done:
+            data = fp.read1(65536)
+            if not data:
+                raise http.client.IncompleteRead(b"")
+            decoder.feed(data)
+            available = decoder.read_available()
+            if available:
+                yield available
+
+    def _close_response(self) -> None:  # ``close`` (inherited) aborts; the connection is not reused
+        try:
+            self._http.close()
+        except Exception:  # noqa: BLE001 - closing must never raise
+            pass
+        self._let_go(reuse=False)
+
+
+class StreamConnections:
+    """Kept-alive ``http.client`` connections to one ``http://`` kernel, for streaming calls.
+
+    A connection is taken for one call and given back only once its response was read to
+    the end; one idle for longer than ``max_idle`` seconds (the kernel's server closes idle
+    connections after 5 s), or that the kernel closed meanwhile, is not used again."""
+
+    def __init__(self, host: str, port: int, *, connect_timeout: float, read_timeout: float, size: int) -> None:
+        self._host, self._port = host, port
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
+        self._size = size
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
+        self._lock = threading.Lock()
+        self.max_idle = 2.0
+
+    def take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection, and whether it served before."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                connection, since = self._idle.pop()
+            if now - since < self.max_idle and not _dropped(connection.sock):
+                return connection, True
+            connection.close()
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+        connection.connect()
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.sock.settimeout(self._read_timeout)
+        return connection, False
+
+    def give_back(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self._size:
+                self._idle.append((connection, time.monotonic()))
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection, _ in idle:
+            connection.close()
+
+
+def _dropped(sock: socket.socket | None) -> bool:
+    """Whether an idle connection was closed by the other end (readable means EOF or junk)."""
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+class FrameReader:
+    """Kernel SSE bytes in, JSON-RPC frames out (sans-I/O)."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self) -> None:
+        self._decoder = SSEDecoder()
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        payloads = self._decoder.feed(chunk)
+        return _load_all(payloads) if payloads else []
+
+    def close(self) -> list[Any]:
+        payloads = self._decoder.close()
+        return _load_all(payloads) if payloads else []
+
+
+class SnapshotStream:
+    """A task snapshot served like a one-frame stream (a task that is no longer running)."""
+
+    def __init__(self, task: Any) -> None:
+        self._body = b"data: " + json.dumps({"result": {"task": task}}).encode("utf-8") + b"\n\n"
+        self.closed = False
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self._body
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _load_all(payloads: list[str]) -> list[Any]:
+    """Decode many frames with one parser call; frame by frame only if one is bad."""
+    if len(payloads) > 1:
+        try:
+            frames = _decode_batch("[" + ",".join(payloads) + "]")
+            if len(frames) == len(payloads):
+                return frames
+        except ValueError:
+            pass
+    return [_loads(p) for p in payloads]
+
+
+def _loads(payload: str) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return {"error": {"code": -32700, "message": "Malformed frame from the kernel."}}
+
+
+class KernelClient:
+    """JSON-RPC and extension calls on one kernel."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 3600.0,
+        connect_timeout: float = 5.0,
+        pool_size: int = 64,
+    ) -> None:
+        self.url = url.rstrip("/") + "/"
+        self._timeout = (connect_timeout, timeout)
+        self._pool_size = pool_size
+        self._requests_session: requests.Session | None = None
+        self._session_lock = threading.Lock()
+        self._headers = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        parts = urlsplit(self.url)
+        self._streams: StreamConnections | None = None
+        self._path = parts.path or "/"
+        #: What observes every call (metrics, tracing, debug lines); set by ``server.build_app``.
+        self.calls: KernelCalls = PLAIN
+        if parts.scheme == "http" and parts.hostname:
+            self._streams = StreamConnections(
+                parts.hostname,
+                parts.port or 80,
+                connect_timeout=connect_timeout,
+                read_timeout=timeout,
+                size=pool_size,
+            )
+            self._stream_headers = {**self._headers, "Accept": "*/*", "User-Agent": "agui-adapter"}
+
+    def __repr__(self) -> str:  # never show the token
+        return f"KernelClient({self.url!r})"
+
+    @property
+    def _session(self) -> requests.Session:
+        """The pooled ``requests`` session of the unary calls, made on first use."""
+        session = self._requests_session
+        if session is None:
+            with self._session_lock:
+                if self._requests_session is None:
+                    requests = _requests()
+                    from requests.adapters import HTTPAdapter
+
+                    session = requests.Session()
+                    adapter = HTTPAdapter(pool_connections=2, pool_maxsize=self._pool_size, max_retries=0)
+                    session.mount("http://", adapter)
+                    session.mount("https://", adapter)
+                    session.trust_env = False  # never route loopback traffic through a proxy
+                    self._requests_session = session
+                session = self._requests_session
+        return session
+
+    def close(self) -> None:
+        if self._requests_session is not None:
+            self._requests_session.close()
+        if self._streams is not None:
+            self._streams.close()
+
+    # --- JSON-RPC -----------------------------------------------------------------
+    def _post(
+        self, method: str, params: dict[str, Any], call: Call, *, stream: bool, timeout: Any = None
+    ) -> requests.Response:
+        body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
+        try:
+            response = self._session.post(
+                self.url,
+                data=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+                headers={**self._headers, **call.headers} if call.headers else self._headers,
+                stream=stream,
+                timeout=timeout or self._timeout,
+            )
+        except _requests().RequestException as exc:
+            kind = "timeout" if isinstance(exc, _requests().Timeout) else "connection"
+            raise KernelUnavailable(f"{method}: {exc.__class__.__name__}", kind) from exc
+        if response.status_code >= 400:
+            response.close()
+            raise KernelUnavailable(f"{method}: HTTP {response.status_code}", "http_status")
+        return response
+
+    def call(self, method: str, params: dict[str, Any], *, timeout: Any = None) -> Any:
+        """A unary call; returns ``result`` or raises ``KernelRejected``."""
+        with self.calls.call(method) as call:
+            response = self._post(method, params, call, stream=False, timeout=timeout)
+            try:
+                body = response.json()
+            except ValueError as exc:
+                raise KernelUnavailable(f"{method}: the answer is not JSON", "bad_answer") from exc
+            if not isinstance(body, dict):
+                raise KernelUnavailable(f"{method}: the answer is not a JSON object", "bad_answer")
+            if "error" in body:
+                raise KernelRejected(body["error"])
+            return body.get("result")
+
+    def stream(self, method: str, params: dict[str, Any]) -> KernelStream:
+        """A streaming call. A rejected request arrives as JSON: ``KernelRejected``."""
+        with self.calls.call(method) as call:
+            if self._streams is not None:
+                return self._connection_stream(self._streams, method, params, call)
+            response = self._post(method, params, call, stream=True)
+            content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if content_type != "text/event-stream":
+                unexpected = f"{method}: unexpected {content_type or 'untyped'} answer"
+                try:
+                    body = json.loads(response.content or b"null")
+                except ValueError as exc:
+                    raise KernelUnavailable(unexpected, "bad_answer") from exc
+                finally:
+                    response.close()
+                if isinstance(body, dict) and "error" in body:
+                    raise KernelRejected(body["error"])
+                raise KernelUnavailable(unexpected, "bad_answer")
+            return KernelStream(response)
+
+    def _connection_stream(
+        self, pool: StreamConnections, method: str, params: dict[str, Any], call: Call
+    ) -> KernelStream:
+        """``stream`` over ``http.client`` on a pooled connection (an ``http://`` kernel)."""
+        body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        headers = {**self._stream_headers, **call.headers} if call.headers else self._stream_headers
+        connection: http.client.HTTPConnection | None = None
+        try:
+            connection, _ = pool.take()
+            sock = connection.sock
+            connection.request("POST", self._path, body=data, headers=headers)
+            response = connection.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            if connection is not None:
+                connection.close()
+            kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
+            raise KernelUnavailable(f"{method}: {exc.__class__.__name__}", kind) from exc
+        if response.status >= 400:
+            connection.close()
+            raise KernelUnavailable(f"{method}: HTTP {response.status}", "http_status")
+        content_type = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "text/event-stream":
+            unexpected = f"{method}: unexpected {content_type or 'untyped'} answer"
+            try:
+                answer = json.loads(response.read() or b"null")
+            except (ValueError, OSError, http.client.HTTPException) as exc:
+                connection.close()
+                raise KernelUnavailable(unexpected, "bad_answer") from exc
+            if response.will_close:
+                connection.close()
+            else:
+                pool.give_back(connection)
+            if isinstance(answer, dict) and "error" in answer:
+                raise KernelRejected(answer["error"])
+            raise KernelUnavailable(unexpected, "bad_answer")
+        return ConnectionStream(response, connection, sock, pool)
+
+    def send_streaming_message(self, message: dict[str, Any]) -> KernelStream:
+        return self.stream(
+            "SendStreamingMessage",
+            {"message": message, "configuration": {"acceptedOutputModes": ["text/plain"]}},
+        )
+
+    def send_message(self, message: dict[str, Any]) -> Any:
+        return self.call(
+            "SendMessage",
+            {"message": message, "configuration": {"acceptedOutputModes": ["text/plain"]}},
+        )
+
+    def get_task(self, task_id: str, history_length: int | None = None, *, timeout: float = 30.0) -> Any:
+        params: dict[str, Any] = {"id": task_id}
+        if history_length is not None:
+            params["historyLength"] = history_length
+        return self.call("GetTask", params, timeout=(min(self._timeout[0], timeout), timeout))
+
+    def cancel_task(self, task_id: str) -> Any:
+        return self.call("CancelTask", {"id": task_id}, timeout=(self._timeout[0], 60.0))
+
+    def subscribe(self, task_id: str) -> KernelStream:
+        return self.stream("SubscribeToTask", {"id": task_id})
+
+    def follow(self, task_id: str) -> KernelStream | SnapshotStream:
+        """The task's live updates, or its current snapshot when it is no longer running."""
+        try:
+            return self.subscribe(task_id)
+        except KernelRejected as exc:
+            if exc.rpc_code != -32001:
+                raise
+        return SnapshotStream(self.get_task(task_id))
+
+    # --- plain HTTP routes -------------------------------------------------------
+    def _extension(self, verb: str, path: str, *, timeout: float = 30.0, **kwargs: Any) -> requests.Response:
+        """A plain HTTP route of the kernel (its callers read the status; 5xx counts as failed)."""
+        with self.calls.call(path) as call:
+            headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+            headers.update(call.headers)
+            try:
+                response = self._session.request(
+                    verb, self.url + path, headers=headers, timeout=(self._timeout[0], timeout), **kwargs
+                )
+            except _requests().RequestException as exc:
+                kind = "timeout" if isinstance(exc, _requests().Timeout) else "connection"
+                raise KernelUnavailable(f"{path}: {exc.__class__.__name__}", kind) from exc
+            if response.status_code >= 500:
+                call.error = "http_status"
+            return response
+
+    def health(self, timeout: float = 2.0) -> bool:
+        try:
+            response = self._extension("GET", "health", timeout=timeout)
+        except KernelUnavailable:
+            return False
+        return response.status_code == 200
+
+    def ensure_restored(self, cwd: str, session_id: str, task_id: str | None) -> tuple[int, Any]:
+        body: dict[str, Any] = {"cwd": cwd, "sessionId": session_id}
+        if task_id:
+            body["taskId"] = task_id
+        response = self._extension("POST", "iac-code/session/ensure-restored", json=body)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None
+
+    def pipeline_state(self, params: dict[str, Any]) -> tuple[int, Any]:
+        response = self._extension("GET", "iac-code/pipeline/state", params=params)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None
+
+    def session_recovery(self, context_id: str, execution_id: str) -> tuple[int, Any]:
+        """The kernel's recovery view of a context's current execution: its ``messages`` are
+        the session's conversation as the kernel keeps it (``GET /threads/{t}/messages``)."""
+        params = {"contextId": context_id, "executionId": execution_id}
+        response = self._extension("GET", "iac-code/session/recovery", params=params)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None

@@ -1,0 +1,338 @@
+"""Adoption: a run whose adapter process is gone is taken over by the next process that meets it.
+
+The kernel is a process of its own: when the adapter process running a run dies (``kill -9``,
+an OOM kill, a gunicorn worker recycled or killed) or stops handing its runs over
+(``--on-shutdown handover``), the kernel task goes on and still has everything. What the
+client was sent is in the run's journal (``journal``). So a run whose journal has no live
+writer (nobody holds its directory lock) and no end is an *orphan*, and the first process
+that meets it becomes its driver again:
+
+* on a reattach to it (``POST /`` with ``Last-Event-ID``, the events route, or a reader
+  following it when its writer dies: ``journal.follow``'s ``adopt``),
+* on a new turn for its thread (``RunEngine._admit``: the orphan holds the thread again, so
+  the turn is ``THREAD_BUSY`` while the run goes on),
+* at start-up and every ``SCAN_SECONDS`` after (``Adoption.scan``): found from the journal
+  directory, never by scanning thread records.
+
+Only one process adopts a run: the journal directory's OS lock decides
+(``JournalWriter.claim``); the thread's run lock, released by the OS when the dead process
+went, is taken next. The adopter builds the run's machine with the journal's events
+(``RunMachine(adopted_events=...)``: which ids were used, which spans are open, what text
+each kernel message showed) and follows the kernel task again (``SubscribeToTask``: its
+snapshot, then its live events; ``GetTask`` when it no longer runs). The snapshot gives back
+the text the kernel produced while no process followed (``RunTranslator.reconcile``); the
+rest is an ordinary detached run (``run_driver``): interrupts committed before their
+``RUN_FINISHED``, the grace period (at least ``ADOPTED_GRACE_SECONDS``, so that clients whose
+stream was cut have time to come back), the cancel extension, metrics and logs. A run that
+cannot be adopted (the kernel no longer has its task, its execution was retired, another
+run holds its thread) is concluded in its journal: every span closed and
+``RUN_ERROR EXECUTION_LOST``, so its readers see one valid run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agui_adapter.protocol import catalog as msg
+from agui_adapter.protocol import events as ev
+from agui_adapter.protocol.errors import Code
+from agui_adapter.protocol.i18n import translate
+from agui_adapter.protocol.validation import IacCodeProps, RunInput
+from agui_adapter.run.driver import RunDriver
+from agui_adapter.run.effects import Mode
+from agui_adapter.run.machine import RunMachine
+from agui_adapter.run.translation import SESSION_EVENT, RunTranslator
+from agui_adapter.state.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
+from agui_adapter.state.store import StoreError
+
+if TYPE_CHECKING:
+    from agui_adapter.run.engine import Admission, RunEngine
+
+log = logging.getLogger("agui_adapter.run.adoption")
+
+#: How often each process looks for orphans in the journal directory.
+SCAN_SECONDS = 2.0
+#: The grace period of an adopted run when ``--disconnect-grace-seconds`` is 0: its clients'
+#: streams were cut, not closed by them, and they need a moment to come back.
+ADOPTED_GRACE_SECONDS = 30.0
+_TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
+
+
+def _ends_with_end(directory: Path) -> bool:
+    """Whether the run's newest segment ends with the end mark (a cheap look, no parsing)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".sse"))
+    except OSError:
+        return True
+    if not names:
+        return True
+    try:
+        with open(directory / names[-1], "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - len(END)))
+            return handle.read() == END
+    except OSError:
+        return True
+
+
+def orphaned(directory: Path) -> bool:
+    """A journal without an end whose writer is gone."""
+    return not _ends_with_end(directory) and not writer_alive(directory)
+
+
+def _scan_forever(adoption_ref: weakref.ref[Adoption]) -> None:
+    """The scanner's loop; it ends with its engine (tests make many, each on its own directory)."""
+    while True:
+        adoption = adoption_ref()
+        if adoption is None:
+            return
+        try:
+            adoption.scan()
+        except Exception:  # noqa: BLE001 - the scanner must outlive one bad directory
+            log.exception("adoption scan failed")
+        del adoption
+        time.sleep(SCAN_SECONDS)
+
+
+class AdoptedDriver(RunDriver):
+    """The driver of an adopted run: no client of its own, it goes on in its journal (after
+    the last id the dead process wrote) on a thread of its own, like a detached run."""
+
+    def __init__(self, engine: RunEngine, admission: Admission, machine: RunMachine, writer: JournalWriter, last: int):
+        super().__init__(engine, admission, machine, None)
+        self._claimed: JournalWriter | None = writer
+        self._events = last
+        self._began = True
+        self._detached = True
+
+    def _open_journal(self) -> None:
+        self._journal, self._claimed = self._claimed, None
+
+    def grace_seconds(self) -> float:
+        grace = self.engine.settings.disconnect_grace_seconds
+        return grace if grace > 0 else ADOPTED_GRACE_SECONDS
+
+    def go(self) -> None:
+        thread = threading.Thread(target=self._go_on_detached, name=f"adopted-{self.run_id[:16]}", daemon=True)
+        thread.start()
+
+
+class Adoption:
+    """Finds and adopts the orphan runs of a state directory; one per process."""
+
+    def __init__(self, engine: RunEngine) -> None:
+        self.engine = engine
+        self._scanner: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._taking: set[str] = set()  # threads whose run this process is taking over right now
+
+    def taking_over(self, thread_id: str) -> bool:
+        """Whether this process is taking over a run of the thread right now (it holds the
+        thread and has not heard from the kernel yet: the run may end at once)."""
+        with self._lock:
+            return thread_id in self._taking
+
+    # ------------------------------------------------------------------ triggers
+    def start(self) -> None:
+        """Adopt the orphans now, and look again every ``SCAN_SECONDS`` (daemon thread)."""
+        with self._lock:
+            if self._scanner is not None:
+                return
+            self._scanner = threading.Thread(
+                target=_scan_forever, args=(weakref.ref(self),), name="adoption-scan", daemon=True
+            )
+            self._scanner.start()
+
+    def scan(self) -> int:
+        """Adopt every orphan of the journal directory; how many were adopted."""
+        adopted = 0
+        root = self.engine.journals.root
+        try:
+            threads = list(os.scandir(root))
+        except OSError:
+            return 0
+        for thread_entry in threads:
+            adopted += self._scan_thread_dir(Path(thread_entry.path))
+        return adopted
+
+    def thread(self, thread_id: str) -> int:
+        """Adopt the orphan runs of one thread (a request for it arrived); how many."""
+        try:
+            directory = self.engine.journals.run_dir(thread_id, "x").parent
+        except StoreError:
+            return 0
+        return self._scan_thread_dir(directory)
+
+    def _scan_thread_dir(self, directory: Path) -> int:
+        adopted = 0
+        try:
+            runs = [Path(e.path) for e in os.scandir(directory) if not e.name.startswith(".")]
+        except OSError:
+            return 0
+        for run_dir in runs:
+            if orphaned(run_dir) and self.adopt(run_dir) == "adopted":
+                adopted += 1
+        return adopted
+
+    def run(self, thread_id: str, run_id: str) -> bool:
+        """A reader met the run: adopt it if it is an orphan. Whether it has a live writer now."""
+        try:
+            directory = self.engine.journals.run_dir(thread_id, run_id)
+        except StoreError:
+            return False
+        if not orphaned(directory):
+            return writer_alive(directory)
+        return self.adopt(directory) in ("adopted", "alive", "later")
+
+    # ------------------------------------------------------------------ taking over
+    def adopt(self, directory: Path) -> str:
+        """``adopted``, ``alive`` (another process holds it), ``later`` (the kernel does not
+        answer now: tried again at the next scan or reattach), or ``concluded``/``gone``."""
+        writer = JournalWriter.claim(directory, self.engine.journals.buffer_bytes)
+        if writer is None:
+            return "alive" if writer_alive(directory) else "gone"
+        try:
+            return self._take_over(directory, writer)
+        except Exception:  # noqa: BLE001 - never leave a claimed journal locked by accident
+            log.exception("adopting the run of %s failed", directory)
+            with contextlib.suppress(OSError):
+                writer.close()
+            return "gone"
+
+    def _take_over(self, directory: Path, writer: JournalWriter) -> str:
+        engine = self.engine
+        last, ended, events = scan_run(directory)
+        if ended or last == 0:
+            writer.close()
+            return "gone"
+        meta = read_meta(directory) or {}
+        thread_id, run_id = meta.get("threadId"), meta.get("runId")
+        language = str(meta.get("language") or engine.settings.default_language)
+        if events and events[-1].get("type") in _TERMINAL:  # it ended, the end mark did not make it
+            writer.end()
+            return "concluded"
+        if not isinstance(thread_id, str) or not isinstance(run_id, str):
+            return self._conclude(writer, events, last, language, "no run.json")
+        # the thread first (the dead process's lock went with it): a new turn racing this
+        # adoption either finds the thread held, or holds it and the run cannot go on
+        run_lock = engine.store.try_lock_run(thread_id)
+        if run_lock is None:
+            return self._conclude(writer, events, last, language, "another run holds its thread")
+        with self._lock:
+            self._taking.add(thread_id)
+        try:
+            return self._adopt_locked(directory, writer, events, last, meta, thread_id, run_id, language, run_lock)
+        except BaseException:
+            run_lock.release()
+            raise
+        finally:
+            with self._lock:
+                self._taking.discard(thread_id)
+
+    def _adopt_locked(
+        self,
+        directory: Path,
+        writer: JournalWriter,
+        events: list[dict[str, Any]],
+        last: int,
+        meta: dict[str, Any],
+        thread_id: str,
+        run_id: str,
+        language: str,
+        run_lock: Any,
+    ) -> str:
+        engine = self.engine
+        session = next(
+            (e.get("value") for e in events if e.get("type") == "CUSTOM" and e.get("name") == SESSION_EVENT), None
+        )
+        mode = Mode(meta.get("mode", "turn"))
+        try:
+            record = engine.store.load(thread_id)
+        except StoreError as exc:
+            run_lock.release()
+            writer.close()
+            log.warning("run %s: cannot adopt it, state unavailable: %s", run_id, exc)
+            return "later"
+        execution = record.execution if record is not None else None
+        if (
+            record is None
+            or execution is None
+            or mode is Mode.GUIDANCE
+            or not isinstance(session, dict)
+            or session.get("executionId") != execution.execution_id
+            or not execution.task_id
+        ):  # a retired execution is still followed: the kernel's last state says how its run ended
+            run_lock.release()
+            return self._conclude(writer, events, last, language, "its execution is over or unknown")
+        if not engine.kernel.health(timeout=2.0):  # a kernel down is not a kernel that lost the task
+            run_lock.release()
+            writer.close()
+            log.warning("run %s: not adopted now: the kernel does not answer", run_id)
+            return "later"
+        if not engine.take_run_slot():
+            run_lock.release()
+            writer.close()
+            log.warning("run %s: not adopted now: no run slot free", run_id)
+            return "later"
+        try:
+            from agui_adapter.run.engine import Admission  # a cycle at import time otherwise
+
+            props = IacCodeProps(
+                schema_version=1,
+                ros_invocation_id=str(meta.get("rosInvocationId") or execution.ros_invocation_id),
+                cwd=record.cwd,
+                user_id=record.user_id,
+                preferred_language=meta.get("preferredLanguage"),
+                run_mode=meta.get("runMode"),
+                pipeline_name=meta.get("pipelineName"),
+            )
+            run_input = RunInput(thread_id, run_id, meta.get("parentRunId"), [], [], props, None, {})
+            admission = Admission(run_input, language, record, run_lock, mode)
+            machine = RunMachine(
+                run_input,
+                mode=mode,
+                record=record,
+                language=language,
+                interrupt_ttl_seconds=engine.settings.interrupt_ttl_seconds,
+                adopted_events=events,
+                adopted_pipeline=read_pipeline_note(directory),
+            )
+            driver = AdoptedDriver(engine, admission, machine, writer, last)
+        except BaseException:
+            engine.give_run_slot()
+            raise
+        engine.register_adopted(driver)
+        handed = (directory / "handed-over").exists()
+        log.info(
+            "run %s on thread %s adopted after event %d (%s)",
+            run_id,
+            thread_id,
+            last,
+            "handed over" if handed else "its process died",
+        )
+        driver.go()
+        return "adopted"
+
+    def _conclude(self, writer: JournalWriter, events: list[dict[str, Any]], last: int, language: str, why: str) -> str:
+        """The run cannot go on: its journal ends as a valid run, ``RUN_ERROR EXECUTION_LOST``."""
+        translator = RunTranslator("", "")
+        translator.restore(events)
+        ts = int(time.time() * 1000)
+        closing = translator.close_all(ts)
+        final = ev.run_error(ts, Code.EXECUTION_LOST, translate(language, msg.RUN_PROCESS_GONE))
+        try:
+            writer.append(ev.encode_many([*closing, final], last + 1), last + len(closing) + 2)
+            writer.end()
+        except OSError as exc:
+            log.warning("could not conclude the journal of %s: %s", writer.directory, exc)
+            writer.close()
+        log.info("run journal %s concluded EXECUTION_LOST: %s", writer.directory.name, why)
+        return "concluded"

@@ -1,0 +1,339 @@
+"""Durable per-thread state: one small JSON file per AG-UI thread.
+
+``<state-dir>/threads/<key>.json`` holds the thread's ``ThreadRecord`` (see ``record``).
+Files are read lazily, on the first request that names the thread, and replaced
+atomically (temp file, fsync, rename, directory fsync); they are 0600 in 0700
+directories and never hold a secret.
+
+Two kinds of lock, both OS file locks so that they hold across processes sharing
+the directory (gunicorn workers) and vanish with a crashed process:
+
+* ``<key>.lock`` is held briefly around each read-modify-write of the record;
+* ``<key>.run`` is held for the whole life of the thread's active run, so "one
+  active run per thread" holds everywhere.
+
+Lock files may be deleted (retention, ``remove_if``), and only by a holder of the lock.
+A process that opened a lock file just before it was unlinked would otherwise lock a dead
+inode while a newcomer locks the new file; so every acquisition checks, once the lock is
+held, that the path still names the inode it locked (``fstat`` against ``stat``), and
+starts over when it does not.
+
+Each successful write's duration is handed to ``on_write`` when one is set (the state-write
+latency of ``/metrics`` and, with tracing, a span): the writes dominate a run's time to its
+first event, so operators see them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from agui_adapter.state.record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
+
+__all__ = [
+    "Execution",
+    "RunLock",
+    "StaleExecution",
+    "StoreError",
+    "ThreadRecord",
+    "ThreadStore",
+    "thread_key",
+]
+
+_SAFE_KEY = re.compile(r"^[a-z0-9_.-]{1,100}$")
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+class StoreError(Exception):
+    """The thread state could not be read or written."""
+
+
+def thread_key(thread_id: str) -> str:
+    """A file stem for a threadId that cannot name a path outside the directory."""
+    if not thread_id:
+        raise StoreError("empty thread id")
+    if _SAFE_KEY.match(thread_id) and thread_id not in (".", "..") and not thread_id.endswith("."):
+        base = thread_id.rstrip(".").split(".")[0].upper()
+        if base not in _RESERVED:
+            return thread_id
+    hex_id = thread_id.encode("utf-8").hex()
+    if len(hex_id) <= 200:
+        return f"aguiid~{hex_id}"
+    return "aguihash~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
+
+
+class RunLock:
+    """The OS lock that makes a run the thread's only active one."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+class ThreadStore:
+    """Reads and writes thread records under ``<root>/threads``."""
+
+    _STRIPES = 64
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.threads_dir = self.root / "threads"
+        self._stripes = [threading.Lock() for _ in range(self._STRIPES)]
+        self._ready = False
+        #: Told how long each successful write took, and whether it was durable (metrics, tracing).
+        self.on_write: Callable[[float, bool], None] | None = None
+
+    def _ensure_dirs(self) -> None:
+        if self._ready:
+            return
+        try:
+            for directory in (self.root, self.threads_dir):
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(directory, 0o700)
+        except OSError as exc:
+            raise StoreError(f"cannot create the state directory: {exc.strerror}") from exc
+        self._ready = True
+
+    def path_for(self, thread_id: str) -> Path:
+        return self.threads_dir / f"{thread_key(thread_id)}.json"
+
+    def _lock_path(self, key: str, suffix: str) -> Path:
+        return self.threads_dir / f"{key}{suffix}"
+
+    def _open_lock_file(self, path: Path) -> int:
+        self._ensure_dirs()
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open a lock file: {exc.strerror}") from exc
+
+    @staticmethod
+    def _still_named(fd: int, path: Path) -> bool:
+        """Whether ``path`` still names the file open as ``fd`` (it was not unlinked or replaced)."""
+        try:
+            current = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot check a lock file: {exc.strerror}") from exc
+        held = os.fstat(fd)
+        return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
+
+    def _acquire(self, key: str, suffix: str, *, blocking: bool) -> int | None:
+        """An fd holding the flock of ``<key><suffix>``; None when busy and not ``blocking``."""
+        path = self._lock_path(key, suffix)
+        while True:
+            fd = self._open_lock_file(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if not blocking and exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return None
+                raise StoreError(f"cannot lock the thread: {exc.strerror}") from exc
+            try:
+                if self._still_named(fd, path):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # we locked a file that was deleted meanwhile: lock the one the path names now
+
+    # --- locks ------------------------------------------------------------------------
+    def try_lock_run(self, thread_id: str) -> RunLock | None:
+        """The thread's run lock, or None when another run (any process) holds it."""
+        fd = self._acquire(thread_key(thread_id), ".run", blocking=False)
+        return None if fd is None else RunLock(fd)
+
+    @contextlib.contextmanager
+    def _locked_key(self, key: str) -> Iterator[int]:
+        stripe = self._stripes[zlib.crc32(key.encode("utf-8")) % self._STRIPES]
+        with stripe:
+            fd = self._acquire(key, ".lock", blocking=True)
+            assert fd is not None
+            try:
+                yield fd
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    @contextlib.contextmanager
+    def locked(self, thread_id: str) -> Iterator[None]:
+        """Exclusive access to the thread's record, across threads and processes."""
+        with self._locked_key(thread_key(thread_id)):
+            yield
+
+    # --- records ----------------------------------------------------------------------
+    def load(self, thread_id: str) -> ThreadRecord | None:
+        data = self._read(self.path_for(thread_id))
+        return None if data is None else self._record(data, thread_id)
+
+    @staticmethod
+    def _record(data: Any, thread_id: str) -> ThreadRecord:
+        try:
+            return ThreadRecord.from_json(data, thread_id)
+        except RecordError as exc:
+            raise StoreError(str(exc)) from exc
+
+    @staticmethod
+    def _read(path: Path) -> Any:
+        """The parsed JSON at ``path``, or None when there is no such file."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                raw = handle.read()
+        except OSError as exc:
+            raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise StoreError("the thread state is not valid JSON") from exc
+
+    def save(self, record: ThreadRecord, *, durable: bool = True) -> None:
+        """Replace the record atomically; ``durable`` also syncs it to disk (it then
+        survives a crash of the machine, not only of the process)."""
+        self._ensure_dirs()
+        path = self.path_for(record.thread_id)
+        # compact: the indenting encoder is pure Python, and a record holds its last 50 runs
+        payload = (
+            json.dumps(
+                record.to_json(), ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+            ).encode("utf-8")
+            + b"\n"
+        )
+        tmp_name = None
+        started = time.perf_counter()
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.threads_dir)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+            os.chmod(tmp_name, 0o600)
+            os.replace(tmp_name, path)
+            tmp_name = None
+            if durable:
+                self._sync_directory()
+        except OSError as exc:
+            raise StoreError(f"cannot write the thread state: {exc.strerror}") from exc
+        else:
+            if self.on_write is not None:
+                self.on_write(time.perf_counter() - started, durable)
+        finally:
+            if tmp_name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+
+    def _sync_directory(self) -> None:
+        """Make renames and deletions in the threads directory durable."""
+        dir_fd = os.open(self.threads_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def update(self, thread_id: str, mutation: Mutation) -> ThreadRecord | None:
+        """Read-modify-write under the record lock; None when the thread is unknown.
+
+        ``StaleExecution`` from the mutation propagates, and nothing is written."""
+        with self.locked(thread_id):
+            record = self.load(thread_id)
+            if record is None:
+                return None
+            mutation.apply(record)
+            self.save(record, durable=mutation.durable)
+            return record
+
+    # --- listing and removal (retention) ----------------------------------------------
+    _SUFFIXES = (".json", ".lock", ".run")
+
+    def thread_keys(self) -> list[str]:
+        """The key (file stem) of every thread with a file in the directory, sorted."""
+        try:
+            names = os.listdir(self.threads_dir)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list the thread states: {exc.strerror}") from exc
+        keys = {
+            name[: -len(suffix)]
+            for name in names
+            if not name.startswith(".")
+            for suffix in self._SUFFIXES
+            if name.endswith(suffix)
+        }
+        return sorted(key for key in keys if key)
+
+    def last_activity(self, key: str) -> float | None:
+        """When the thread's files last changed (newest mtime, epoch seconds); None without files."""
+        times = []
+        for suffix in self._SUFFIXES:
+            try:
+                times.append(os.stat(self._lock_path(key, suffix), follow_symlinks=False).st_mtime)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreError(f"cannot inspect the thread state: {exc.strerror}") from exc
+        return max(times) if times else None
+
+    def remove_if(self, key: str, remove: Callable[[ThreadRecord | None, float | None], bool]) -> bool:
+        """Delete the thread's files when ``remove(record, last_activity)`` says so; True if deleted.
+
+        Never while a run holds the thread (its run lock is tried, not waited for). The
+        decision is taken, and the files deleted, holding both the run lock and the record
+        lock, so that nobody reads or writes the record meanwhile and the lock files are
+        unlinked only by their holder. ``record`` is None when only lock files are left (a
+        refused request leaves them). Raises StoreError for an unreadable record.
+        """
+        run_fd = self._acquire(key, ".run", blocking=False)
+        if run_fd is None:
+            return False
+        try:
+            with self._locked_key(key):
+                data = self._read(self._lock_path(key, ".json"))
+                record = None
+                if data is not None:
+                    thread_id = data.get("threadId") if isinstance(data, dict) else None
+                    if not isinstance(thread_id, str) or thread_key(thread_id) != key:
+                        raise StoreError("state file belongs to another thread")
+                    record = self._record(data, thread_id)
+                if not remove(record, self.last_activity(key)):
+                    return False
+                try:
+                    for suffix in self._SUFFIXES:  # the record first, the lock files (held) last
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(self._lock_path(key, suffix))
+                    self._sync_directory()
+                except OSError as exc:
+                    raise StoreError(f"cannot delete the thread state: {exc.strerror}") from exc
+                return True
+        finally:
+            os.close(run_fd)

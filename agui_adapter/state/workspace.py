@@ -1,0 +1,236 @@
+"""The iac-code workspace (``forwardedProps.iacCode.cwd``): where a run may work.
+
+Why this module exists: ``cwd`` is a client-chosen path on the adapter's host, so it must be
+confined to the operator's allowed roots, the same ones the kernel enforces
+(``IAC_CODE_AGUI_ALLOWED_CWDS``, else ``IACCODE_A2A_ALLOWED_CWDS``; default: the adapter's
+own directory and the system temp dir). It is the only module of the protocol core that
+touches the filesystem, and it splits the job in two so that nothing is created for a
+request that is then refused (upstream creates the directory during admission, before the
+busy and conflict checks, and leaves it behind):
+
+- :func:`resolve_workspace` checks and resolves, and creates nothing;
+- :func:`ensure_workspace` creates the directory, once the request is admitted.
+
+:class:`Workspaces` is the check a server makes on every run: the roots and the reserved
+directories resolved once a second rather than per request (resolving them is most of the
+check's cost), the client's path resolved every time.
+
+The adapter's own state directory is never a workspace, even under an allowed root (the
+default roots include the temp dir, where a state dir may well live): a workspace inside it,
+equal to it or containing it would let a tool call write next to, or over, the thread
+records. The caller passes it as ``reserved``; real paths are compared, symlinks resolved.
+
+Unlike upstream, ``$VAR`` sequences are **not** expanded: the value comes from the client,
+and expanding it against the adapter's environment would let a client probe that
+environment (and make the meaning of a path depend on how the server was started). ``$`` is
+an ordinary file name character, so ``/data/$USER`` names exactly that directory. ``~`` is
+still expanded, as the contract's examples and upstream allow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from agui_adapter.ops.faults import describe
+from agui_adapter.protocol import catalog as messages
+from agui_adapter.protocol.errors import AguiError, Code
+
+__all__ = ["CWD_FIELD", "ROOT_VARIABLES", "Workspaces", "allowed_roots", "ensure_workspace", "resolve_workspace"]
+
+#: The variables naming the allowed roots, by precedence (the first non-empty one wins).
+ROOT_VARIABLES = ("IAC_CODE_AGUI_ALLOWED_CWDS", "IACCODE_A2A_ALLOWED_CWDS")
+
+#: The field every workspace error names, as the envelope's field errors name theirs.
+CWD_FIELD = "forwardedProps.iacCode.cwd"
+
+#: The longest workspace path accepted, in UTF-8 bytes (Linux's PATH_MAX less the NUL), and
+#: the most components it may have: a deeper path is no workspace anyone works in, and
+#: creating it would cost one directory per component.
+MAX_CWD_BYTES = 4095
+MAX_CWD_DEPTH = 128
+#: The longest component (a file name: Linux's NAME_MAX, in bytes).
+MAX_NAME_BYTES = 255
+
+log = logging.getLogger("agui_adapter.state.workspace")
+
+
+def _invalid(template: str) -> AguiError:
+    return AguiError(Code.INVALID_INPUT, template, {"field": CWD_FIELD})
+
+
+def allowed_roots(env: Mapping[str, str], process_cwd: str, temp_dir: str) -> list[Path]:
+    """The resolved, existing directories a workspace must lie in (possibly none).
+
+    The first non-empty variable of :data:`ROOT_VARIABLES` is split on ``os.pathsep``;
+    empty items are skipped, ``~`` is expanded and relative items are taken from
+    ``process_cwd``. With neither variable set, the roots are ``process_cwd`` and
+    ``temp_dir``. Items that are not existing directories are dropped, so an empty result
+    refuses every workspace.
+    """
+    configured = next((env[name] for name in ROOT_VARIABLES if env.get(name)), None)
+    if configured is None:
+        candidates = [process_cwd, temp_dir]
+    else:
+        candidates = [item for item in configured.split(os.pathsep) if item]
+    roots: list[Path] = []
+    for item in candidates:
+        path = Path(os.path.expanduser(item))
+        if not path.is_absolute():
+            path = Path(process_cwd) / path
+        try:
+            resolved = path.resolve(strict=False)
+            if resolved.is_dir() and resolved not in roots:
+                roots.append(resolved)
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return roots
+
+
+def _overlaps(path: Path, reserved: Path) -> bool:
+    return path == reserved or path.is_relative_to(reserved) or reserved.is_relative_to(path)
+
+
+def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] = ()) -> Path:
+    """Check ``raw`` against the roots and return its resolved path; creates nothing.
+
+    ``raw`` must be absolute after ``~`` expansion. It is normalized, then resolved with
+    symlinks followed, so a link pointing out of a root is refused. It must not be one of
+    the ``reserved`` directories (the adapter's state directory), lie inside one or contain
+    one. Raises ``AguiError(Code.INVALID_INPUT, CWD_*)``.
+    """
+    try:
+        resolved_roots = [Path(root).resolve(strict=False) for root in roots]
+        resolved_reserved = [_real(os.path.abspath(path)) for path in reserved]
+    except (OSError, RuntimeError, ValueError):
+        raise _invalid(messages.CWD_INVALID) from None
+    return _refused_on_failure(lambda: _check(raw, resolved_roots, resolved_reserved), messages.CWD_INVALID)
+
+
+def _refused_on_failure(check: Callable[[], Path], template: str) -> Path:
+    """``check()``, with any failure but a refusal turned into one: whatever the client's
+    path makes the standard library raise (a ``RecursionError``, an ``OSError``, a
+    ``ValueError``...) is a 400 naming the field, logged as one bounded line."""
+    try:
+        return check()
+    except AguiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no workspace path reaches a 500
+        log.info("workspace refused: %s", describe(exc))
+        raise _invalid(template) from None
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
+    """``resolve_workspace`` with ``roots`` and ``reserved`` resolved already."""
+    if not isinstance(raw, str) or not raw:
+        raise _invalid(messages.CWD_NOT_ABSOLUTE)
+    if "\x00" in raw or len(raw) > MAX_CWD_BYTES or raw.count("/") > MAX_CWD_DEPTH:
+        raise _invalid(messages.CWD_INVALID)
+    # os.path.expanduser leaves an unknown ~user alone (pathlib would raise), which then
+    # fails the absolute check below.
+    expanded = os.path.expanduser(raw)
+    if not os.path.isabs(expanded):
+        raise _invalid(messages.CWD_NOT_ABSOLUTE)
+    try:
+        resolved = _real(os.path.normpath(expanded))
+    except (OSError, RuntimeError, ValueError):
+        raise _invalid(messages.CWD_INVALID) from None
+    if len(os.fsencode(resolved)) > MAX_CWD_BYTES or len(resolved.parts) > MAX_CWD_DEPTH + 1:
+        raise _invalid(messages.CWD_INVALID)
+    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in resolved.parts):
+        raise _invalid(messages.CWD_INVALID)  # refused here, not after creating its parents
+    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+        raise _invalid(messages.CWD_OUTSIDE_ROOTS)
+    if any(_overlaps(resolved, path) for path in reserved):
+        raise _invalid(messages.CWD_STATE_DIR)
+    try:
+        # A symlink left in the resolved path could not be followed (a loop, say), and
+        # Python versions differ on raising for it: refuse it here, uniformly.
+        if any(p.is_symlink() for p in (resolved, *resolved.parents)):
+            raise _invalid(messages.CWD_INVALID)
+        # The workspace, or the nearest ancestor that exists, must be a directory: a path
+        # under a regular file could never be created.
+        existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+        if not existing.is_dir():
+            raise _invalid(messages.CWD_NOT_DIRECTORY)
+    except OSError:
+        raise _invalid(messages.CWD_INVALID) from None
+    return resolved
+
+
+class Workspaces:
+    """The workspace check of a server: ``resolve(raw)`` is ``resolve_workspace`` against
+    the roots of ``env`` (``allowed_roots``) and the ``reserved`` directories, both resolved
+    again at most every ``refresh_seconds`` (and when the process's directory changes), so
+    that a root created, removed or re-linked is seen within that time."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        reserved: Sequence[Path] = (),
+        *,
+        refresh_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._env = dict(env)
+        self._reserved = tuple(reserved)
+        self._refresh = refresh_seconds
+        self._clock = clock
+        self._known: tuple[float, tuple[str, str], list[Path], list[Path]] | None = None
+
+    def roots(self) -> list[Path]:
+        """The allowed roots, resolved (possibly none)."""
+        return self._resolved()[0]
+
+    def resolve(self, raw: str) -> Path:
+        roots, reserved = self._resolved()
+        return _refused_on_failure(lambda: _check(raw, roots, reserved), messages.CWD_INVALID)
+
+    def _resolved(self) -> tuple[list[Path], list[Path]]:
+        now = self._clock()
+        where = (os.getcwd(), tempfile.gettempdir())
+        known = self._known
+        if known is None or now - known[0] >= self._refresh or known[1] != where:
+            roots = allowed_roots(self._env, *where)
+            try:
+                reserved = [_real(os.path.abspath(path)) for path in self._reserved]
+            except (OSError, RuntimeError, ValueError):
+                reserved = [Path(os.path.abspath(path)) for path in self._reserved]
+            known = self._known = (now, where, roots, reserved)  # one tuple, replaced whole
+        return known[2], known[3]
+
+
+def ensure_workspace(path: Path) -> None:
+    """Create the workspace directory (and its parents) if missing.
+
+    Call it only once the request is admitted. Raises
+    ``AguiError(Code.INVALID_INPUT, CWD_CANNOT_CREATE)`` on any failure. The missing
+    directories are made one by one from the nearest existing ancestor down, not by
+    ``Path.mkdir(parents=True)``, which recurses once per missing component.
+    """
+    _refused_on_failure(lambda: _make_directories(path), messages.CWD_CANNOT_CREATE)
+
+
+def _make_directories(path: Path) -> Path:
+    missing: list[Path] = []
+    current = path
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+    return path
