@@ -40,15 +40,13 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol import events as ev
-from agui_adapter.protocol.errors import Code
-from agui_adapter.protocol.i18n import translate
 from agui_adapter.protocol.validation import IacCodeProps, RunInput
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
 from agui_adapter.run.machine import RunMachine
-from agui_adapter.run.translation import SESSION_EVENT, RunTranslator
+from agui_adapter.run.process_gone import process_gone_ending
+from agui_adapter.run.translation import SESSION_EVENT
 from agui_adapter.state.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
 from agui_adapter.state.store import StoreError
 
@@ -323,13 +321,9 @@ class Adoption:
 
     def _conclude(self, writer: JournalWriter, events: list[dict[str, Any]], last: int, language: str, why: str) -> str:
         """The run cannot go on: its journal ends as a valid run, ``RUN_ERROR EXECUTION_LOST``."""
-        translator = RunTranslator("", "")
-        translator.restore(events)
-        ts = int(time.time() * 1000)
-        closing = translator.close_all(ts)
-        final = ev.run_error(ts, Code.EXECUTION_LOST, translate(language, msg.RUN_PROCESS_GONE))
+        ending = process_gone_ending(events, int(time.time() * 1000), language)
         try:
-            writer.append(ev.encode_many([*closing, final], last + 1), last + len(closing) + 2)
+            writer.append(ev.encode_many(ending, last + 1), last + len(ending) + 1)
             writer.end()
         except OSError as exc:
             log.warning("could not conclude the journal of %s: %s", writer.directory, exc)

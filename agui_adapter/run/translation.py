@@ -22,6 +22,7 @@ from typing import Any
 
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.events import Event
+from agui_adapter.protocol.spans import close_spans, step_key_of
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run import pipeline_progress as pl
 from agui_adapter.run.pipeline_progress import PipelineProgress
@@ -187,11 +188,6 @@ def status_text(body: dict[str, Any]) -> tuple[str | None, str]:
     else:
         text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
     return _str(message.get("messageId")), text
-
-
-def _step_key_of(name: str) -> str:
-    """The step key a STEP_STARTED's stepName came from (``pipeline.step_name`` undone)."""
-    return name if name.startswith("candidate:") else f"step:{name}"
 
 
 def compact_json(value: Any) -> str:
@@ -360,9 +356,8 @@ class RunTranslator:
         out.append(ev.reasoning_content(ts, rid, text))
 
     def _close_reasoning(self, ts: int, out: list[Event]) -> None:
-        for rid in sorted(self._open_reasoning):
-            out.append(ev.reasoning_message_end(ts, rid))
-            out.append(ev.reasoning_end(ts, rid))
+        # a reasoning span and its message open and close together here
+        out += close_spans(ts, reasoning=self._open_reasoning, reasoning_messages=self._open_reasoning)
         self._open_reasoning.clear()
 
     def _map_tool(self, tool: dict[str, Any], ts: int, out: list[Event]) -> None:
@@ -556,11 +551,11 @@ class RunTranslator:
             elif kind == "REASONING_END" and isinstance(mid, str):
                 self._open_reasoning.pop(mid, None)
             elif kind == "STEP_STARTED":
-                key = _step_key_of(str(event.get("stepName")))
+                key = step_key_of(str(event.get("stepName")))
                 self._active_steps[key] = None
                 self.pipeline.open_steps.add(key)
             elif kind == "STEP_FINISHED":
-                key = _step_key_of(str(event.get("stepName")))
+                key = step_key_of(str(event.get("stepName")))
                 self._active_steps.pop(key, None)
                 self.pipeline.open_steps.discard(key)
             elif kind == "CUSTOM" and event.get("name") == pl.PIPELINE_EVENT and isinstance(event.get("value"), dict):
@@ -624,18 +619,19 @@ class RunTranslator:
 
     # --- the end ------------------------------------------------------------------------
     def close_all(self, ts: int) -> list[Event]:
-        """END for every open span, in a fixed order: reasoning, tools, text."""
-        out: list[Event] = []
-        self._close_reasoning(ts, out)
-        for tool_id in sorted(self._open_tools):
-            out.append(ev.tool_end(ts, tool_id))
+        """END for every open span, in the order every run closes them (``spans.close_spans``)."""
+        out = close_spans(
+            ts,
+            reasoning=self._open_reasoning,
+            reasoning_messages=self._open_reasoning,
+            tools=self._open_tools,
+            texts=self._open_text,
+            steps=[pl.step_name(key) for key in self._active_steps],
+        )
+        self._open_reasoning.clear()
         self._open_tools.clear()
-        for agui_id in sorted(self._open_text):
-            out.append(ev.text_end(ts, agui_id))
         self._open_text.clear()
         self._current_text = None
-        for key in sorted(self._active_steps):
-            out.append(ev.step_finished(ts, pl.step_name(key)))
         self._active_steps.clear()  # the durable open set survives: a Resume reopens it
         return out
 
