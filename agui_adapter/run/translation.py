@@ -215,6 +215,15 @@ def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
     return candidate
 
 
+@dataclass(frozen=True, slots=True)
+class GapToolCall:
+    """A tool call of the run as the kernel's conversation keeps it (``RunTranslator.reconcile``)."""
+
+    tool_call_id: str
+    name: str
+    arguments: str  # compact JSON, as ``TOOL_CALL_ARGS`` carries it live
+
+
 class RunTranslator:
     """Maps the kernel frames of one AG-UI run to AG-UI events."""
 
@@ -249,6 +258,9 @@ class RunTranslator:
         self.pipeline_seen = pipeline is not None and bool(pipeline.high_water or pipeline.open_steps)
         self._event_ids: set[str] = set()
         self._active_steps: dict[str, None] = {}
+        # adoption: the tool calls of this run that the kernel's conversation holds (``reconcile``)
+        self.gap_tool_calls: list[GapToolCall] = []
+        self.gap_tool_results: list[tuple[str, str]] = []  # (tool call id, result)
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
@@ -509,6 +521,11 @@ class RunTranslator:
         return out
 
     # --- adoption (a run another process began) ---------------------------------------
+    @property
+    def id_namespace(self) -> str | None:
+        """The run's id namespace (a Resume's run tag), as ``mint_id`` takes it."""
+        return self._namespace
+
     def _kernel_id(self, agui_id: str) -> str:
         """The kernel message id an AG-UI text id was minted from (``_fresh`` undone)."""
         base, tilde, n = agui_id.rpartition("~")
@@ -576,8 +593,26 @@ class RunTranslator:
         longer runs) holds every agent delta so far (``history``, then ``status.message``);
         what each kernel message holds beyond what was shown of it is sent now, so the text
         ends up the kernel's. The kernel's final repeat of the answer (a message whose text
-        is the text of the messages before it) is not text of its own. What the snapshot
-        cannot give back (reasoning, tool events of the gap) is not made up."""
+        is the text of the messages before it) is not text of its own. The tool calls are not
+        in the snapshot: the adopter reads them from the kernel's conversation once the
+        snapshot arrived (``gap_tool_calls``, ``gap_tool_results``: ``adoption``); those the
+        journal does not hold are sent first, each call's START/ARGS/END (or the rest of
+        them) and its result, with the ids a live run gives them. What neither gives back
+        (reasoning deltas, tool progress) is not made up."""
+        out: list[Event] = []
+        for call in self.gap_tool_calls:
+            tool_id = call.tool_call_id
+            if tool_id not in self._started_tools:
+                self._started_tools.add(tool_id)
+                self._open_tools[tool_id] = None
+                out.append(ev.tool_start(ts, tool_id, call.name, self._current_text))
+            if tool_id in self._open_tools:  # ARGS go out with END (``input_complete``)
+                out.append(ev.tool_args(ts, tool_id, call.arguments))
+                del self._open_tools[tool_id]
+                out.append(ev.tool_end(ts, tool_id))
+        for tool_id, result in self.gap_tool_results:
+            self.emit_tool_result(tool_id, result, ts, out)  # once per call: the journal's count
+        self.gap_tool_calls, self.gap_tool_results = [], []
         messages: list[dict[str, Any]] = [m for m in task.get("history") or [] if isinstance(m, dict)]
         status = task.get("status")
         state = normalize_state(status.get("state")) if isinstance(status, dict) else None
@@ -604,7 +639,6 @@ class RunTranslator:
                 whole[message_id] = ""
                 order.append(message_id)
             whole[message_id] += text
-        out: list[Event] = []
         for message_id in order:
             shown = "".join(self._shown.get(message_id, []))
             text = whole[message_id]
