@@ -20,13 +20,15 @@ went, is taken next. The adopter builds the run's machine with the journal's eve
 (``RunMachine(adopted_events=...)``: which ids were used, which spans are open, what text
 each kernel message showed) and follows the kernel task again (``SubscribeToTask``: its
 snapshot, then its live events; ``GetTask`` when it no longer runs). The snapshot gives back
-the text the kernel produced while no process followed (``RunTranslator.reconcile``); the
-rest is an ordinary detached run (``run_driver``): interrupts committed before their
-``RUN_FINISHED``, the grace period (at least ``ADOPTED_GRACE_SECONDS``, so that clients whose
-stream was cut have time to come back), the cancel extension, metrics and logs. A run that
-cannot be adopted (the kernel no longer has its task, its execution was retired, another
-run holds its thread) is concluded in its journal: every span closed and
-``RUN_ERROR EXECUTION_LOST``, so its readers see one valid run.
+the text the kernel produced while no process followed (``RunTranslator.reconcile``), the
+kernel's conversation, read once the snapshot came, the tool calls of that gap
+(``gap_tool_calls``, ``AdoptedDriver``); the rest is an ordinary detached run (``run_driver``):
+interrupts committed before their ``RUN_FINISHED``, the grace period (at least
+``ADOPTED_GRACE_SECONDS``, so that clients whose stream was cut have time to come back), the
+cancel extension, metrics and logs. A run that cannot be adopted (the kernel no longer has
+its task, its execution was retired, another run holds its thread, a guidance run: the README
+says why) is concluded in its journal: every span closed and ``RUN_ERROR EXECUTION_LOST``
+(``process_gone``), so its readers see one valid run. A process that is stopping adopts nothing (``Adoption.stop``).
 """
 
 from __future__ import annotations
@@ -240,6 +242,16 @@ class Adoption:
         self._scanner: threading.Thread | None = None
         self._lock = threading.Lock()
         self._taking: set[str] = set()  # threads whose run this process is taking over right now
+        self._stopped = False
+
+    def stop(self) -> None:
+        """The process is stopping: it adopts nothing more (a run it took now would be orphaned
+        again as it exits; the next process takes it)."""
+        self._stopped = True
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def taking_over(self, thread_id: str) -> bool:
         """Whether this process is taking over a run of the thread right now (it holds the
@@ -297,12 +309,17 @@ class Adoption:
             return False
         if not orphaned(directory):
             return writer_alive(directory)
+        if self._stopped:
+            return False
         return self.adopt(directory) in ("adopted", "alive", "later")
 
     # ------------------------------------------------------------------ taking over
     def adopt(self, directory: Path) -> str:
         """``adopted``, ``alive`` (another process holds it), ``later`` (the kernel does not
-        answer now: tried again at the next scan or reattach), or ``concluded``/``gone``."""
+        answer now, or this process is stopping: tried again at the next scan or reattach, by
+        the next process), or ``concluded``/``gone``."""
+        if self._stopped:
+            return "later"
         writer = JournalWriter.claim(directory, self.engine.journals.buffer_bytes)
         if writer is None:
             return "alive" if writer_alive(directory) else "gone"

@@ -660,6 +660,8 @@ class AguiApp:
         assert reader is not None
 
         def lost(next_id: int) -> bytes:
+            if self.engine.adoption.stopped:  # this process is stopping: the client reattaches to the next
+                return b""
             ending = process_gone_ending(reader.sent_events(), int(time.time() * 1000), language)
             return ev.encode_many(ending, next_id)
 
