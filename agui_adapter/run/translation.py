@@ -261,6 +261,7 @@ class RunTranslator:
         # adoption: the tool calls of this run that the kernel's conversation holds (``reconcile``)
         self.gap_tool_calls: list[GapToolCall] = []
         self.gap_tool_results: list[tuple[str, str]] = []  # (tool call id, result)
+        self._restored_args: set[str] = set()  # open tool calls whose ARGS the journal holds
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
@@ -559,6 +560,8 @@ class RunTranslator:
             elif kind == "TOOL_CALL_START":
                 self._started_tools.add(str(event.get("toolCallId")))
                 self._open_tools[str(event.get("toolCallId"))] = None
+            elif kind == "TOOL_CALL_ARGS":
+                self._restored_args.add(str(event.get("toolCallId")))
             elif kind == "TOOL_CALL_END":
                 self._open_tools.pop(str(event.get("toolCallId")), None)
             elif kind == "TOOL_CALL_RESULT":
@@ -607,7 +610,8 @@ class RunTranslator:
                 self._open_tools[tool_id] = None
                 out.append(ev.tool_start(ts, tool_id, call.name, self._current_text))
             if tool_id in self._open_tools:  # ARGS go out with END (``input_complete``)
-                out.append(ev.tool_args(ts, tool_id, call.arguments))
+                if tool_id not in self._restored_args:  # a journal cut between the two holds them
+                    out.append(ev.tool_args(ts, tool_id, call.arguments))
                 del self._open_tools[tool_id]
                 out.append(ev.tool_end(ts, tool_id))
         for tool_id, result in self.gap_tool_results:

@@ -199,3 +199,8 @@ def test_reconcile_finishes_a_tool_call_the_journal_left_open_and_sends_nothing_
     assert again is None and out == []
     adopter.emit_tool_result("call-1", "read 3 lines", 3, out)
     assert out == []
+    # a journal cut between a call's ARGS and its END: only the END is owed
+    cut = RunTranslator("t", "r")
+    cut.restore([ev.run_started(1, "t", "r"), ev.tool_start(1, "call-2", "ls", None), ev.tool_args(1, "call-2", "{}")])
+    cut.gap_tool_calls = [GapToolCall("call-2", "ls", "{}")]
+    assert [e["type"] for e in cut.reconcile({"history": []}, 2)] == ["TOOL_CALL_END"]
