@@ -355,3 +355,33 @@ def test_a_kernel_that_does_not_answer_is_waited_for_not_taken_for_one_that_lost
         assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "EXECUTION_LOST", events[-1]
     finally:
         back.stop()
+
+
+def test_a_guidance_run_whose_process_died_ends_execution_lost_and_its_pipeline_is_adopted(
+    adapter_process: Any, kernel: ScriptedKernel, workspace: Path
+) -> None:
+    """Guidance runs are not adopted (the README says why): whether the kernel took the message
+    cannot be known, so the run ends ``EXECUTION_LOST``; the pipeline's own run goes on."""
+    a = start(adapter_process, kernel)
+    body = run_body("[PIPE-SLOW] a small website", cwd=str(workspace), runMode="pipeline", pipelineName="selling")
+    pipeline = LiveStream(Client(a.url), body)
+    pipeline.session()
+    seen = pipeline.read_events(1)
+    guidance = run_body(
+        "[SILENT 30] prefer cn-shanghai",  # the kernel acknowledges it 9 s later: the process dies first
+        thread_id=body["threadId"],
+        cwd=str(workspace),
+        runMode="pipeline",
+        pipelineName="selling",
+        activeGuidance=True,
+    )
+    steer = LiveStream(Client(a.url), guidance)
+    steered = steer.read_events(1)
+    assert steered[-1][1]["type"] == "RUN_STARTED"
+    a.kill()
+    b = start(adapter_process, kernel)
+    lost = joined(steered, reattach(Client(b.url), guidance, steered[-1][0], "get").rest())
+    assert [e["type"] for e in lost] == ["RUN_STARTED", "RUN_ERROR"] and lost[-1]["code"] == "EXECUTION_LOST", lost
+    events = joined(seen, reattach(Client(b.url), body, seen[-1][0], "get").rest())
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert b"adopted after event" in b.log
