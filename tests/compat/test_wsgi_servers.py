@@ -17,7 +17,8 @@ the ``pid`` of the JSON log line "run ... reattached after event K", which the s
 worker writes before its response starts.
 
 Adoption (issue 22) under gunicorn ``-w 2``: a worker killed mid-run (``kill -9``) or recycled
-(``--max-requests 1``) does not cost the run: another worker adopts it (see the last section).
+(``--max-requests 1``) does not cost the run: another worker adopts it; a graceful stop of gunicorn
+(SIGTERM, or a HUP reload) hands the workers' runs over to the next workers (the last sections).
 
 Run with ``pytest -m wsgi_servers tests/compat/test_wsgi_servers.py``.
 """
