@@ -81,6 +81,21 @@ def build_app(
     return AguiApp(engine, auth_token=settings.auth_token, default_language=language, kernel_kind=kernel.health_kind)
 
 
+def shut_down_open_runs(app: AguiApp, settings: Settings, kernel: KernelProcess) -> int:
+    """The runs still open when the process stops gracefully (SIGTERM to ``python run.py``, or
+    to a WSGI server's worker: ``wsgi``): they get ``shutdown_grace_seconds`` to end, then
+    are handed over (``--on-shutdown handover``, when the kernel outlives this process: the
+    next process adopts them) or ended. How many were handed over or ended."""
+    app.engine.adoption.stop()  # a run adopted now would be orphaned again as the process exits
+    hand_over = settings.on_shutdown_mode() == "handover" and kernel.process is None  # it outlives us
+    if settings.on_shutdown == "handover" and not hand_over:
+        log.info("on_shutdown handover: the kernel stops with the adapter, so open runs are ended")
+    ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds, hand_over=hand_over)
+    if ended:
+        log.info("%s %d open run(s) at shutdown", "handed over" if hand_over else "ended", ended)
+    return ended
+
+
 def _state_write_observer(metrics: Metrics, tracing: Tracing) -> Callable[[float, bool], None]:
     """What the store tells of each write: its latency to the metrics, a span when tracing."""
     if not tracing.enabled:
@@ -313,12 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         """No new connections; open runs get the grace period, then a final event; then stop."""
         try:
             server.stop_accepting()
-            hand_over = settings.on_shutdown_mode() == "handover" and kernel.process is None  # it outlives us
-            if settings.on_shutdown == "handover" and not hand_over:
-                log.info("on_shutdown handover: the kernel stops with the adapter, so open runs are ended")
-            ended = app.engine.shut_down_runs(settings.shutdown_grace_seconds, hand_over=hand_over)
-            if ended:
-                log.info("%s %d open run(s) at shutdown", "handed over" if hand_over else "ended", ended)
+            shut_down_open_runs(app, settings, kernel)
             server.wait_idle(2.0)
             server.shutdown()
         finally:

@@ -20,36 +20,43 @@ went, is taken next. The adopter builds the run's machine with the journal's eve
 (``RunMachine(adopted_events=...)``: which ids were used, which spans are open, what text
 each kernel message showed) and follows the kernel task again (``SubscribeToTask``: its
 snapshot, then its live events; ``GetTask`` when it no longer runs). The snapshot gives back
-the text the kernel produced while no process followed (``RunTranslator.reconcile``); the
-rest is an ordinary detached run (``run_driver``): interrupts committed before their
-``RUN_FINISHED``, the grace period (at least ``ADOPTED_GRACE_SECONDS``, so that clients whose
-stream was cut have time to come back), the cancel extension, metrics and logs. A run that
-cannot be adopted (the kernel no longer has its task, its execution was retired, another
-run holds its thread) is concluded in its journal: every span closed and
-``RUN_ERROR EXECUTION_LOST``, so its readers see one valid run.
+the text the kernel produced while no process followed (``RunTranslator.reconcile``), the
+kernel's conversation, read once the snapshot came, the tool calls of that gap
+(``gap_tool_calls``, ``AdoptedDriver``); the rest is an ordinary detached run (``run_driver``):
+interrupts committed before their ``RUN_FINISHED``, the grace period (at least
+``ADOPTED_GRACE_SECONDS``, so that clients whose stream was cut have time to come back), the
+cancel extension, metrics and logs. A run that cannot be adopted (the kernel no longer has
+its task, its execution was retired, another run holds its thread, a guidance run: the README
+says why) is concluded in its journal: every span closed and ``RUN_ERROR EXECUTION_LOST``
+(``process_gone``), so its readers see one valid run. A process that is stopping adopts nothing (``Adoption.stop``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agui_adapter.protocol import catalog as msg
+from agui_adapter.ops.faults import describe
 from agui_adapter.protocol import events as ev
-from agui_adapter.protocol.errors import Code
-from agui_adapter.protocol.i18n import translate
+from agui_adapter.protocol.history import agui_messages
 from agui_adapter.protocol.validation import IacCodeProps, RunInput
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
 from agui_adapter.run.machine import RunMachine
-from agui_adapter.run.translation import SESSION_EVENT, RunTranslator
+from agui_adapter.run.process_gone import process_gone_ending
+from agui_adapter.run.pump import KernelByteStream
+from agui_adapter.run.translation import SESSION_EVENT, GapToolCall, compact_json, mint_id, normalize_numbers
 from agui_adapter.state.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
+from agui_adapter.state.record import RunEntry
 from agui_adapter.state.store import StoreError
 
 if TYPE_CHECKING:
@@ -102,6 +109,81 @@ def _scan_forever(adoption_ref: weakref.ref[Adoption]) -> None:
         time.sleep(SCAN_SECONDS)
 
 
+def gap_tool_calls(
+    conversation: Sequence[Any], runs: Sequence[RunEntry], run_id: str, task_id: str, namespace: str | None
+) -> tuple[list[GapToolCall], list[tuple[str, str]]]:
+    """The tool calls and tool results of one run in the kernel's conversation (the
+    ``messages`` of ``GET /iac-code/session/recovery``), with the ids the run streams them
+    under: the conversation is cut into runs as ``GET /threads/{t}/messages`` cuts it
+    (``history.agui_messages``); the run's own entry does not carry its task yet (a run's
+    task is written when it ends), so it is given here. A run's calls are those of its
+    assistant message; its results, the tool messages minted in its namespace (a Resume's
+    include the result of the call its interrupt asked about, started by the run before)."""
+    runs = [replace(e, task_id=task_id) if e.run_id == run_id and not e.task_id else e for e in runs]
+    messages = agui_messages(conversation, runs)
+    own = mint_id(f"{task_id}-message", namespace, set())
+    calls: list[GapToolCall] = []
+    for message in messages:
+        if message.get("id") == own and message.get("role") == "assistant":
+            for call in message.get("toolCalls") or []:
+                function = call.get("function") or {}
+                try:
+                    arguments = compact_json(normalize_numbers(json.loads(function.get("arguments") or "{}")))
+                except ValueError:
+                    arguments = "{}"
+                calls.append(GapToolCall(str(call["id"]), str(function.get("name") or "tool"), arguments))
+    called = {c.tool_call_id for c in calls}
+    results = [
+        (str(m["toolCallId"]), str(m.get("content") or ""))
+        for m in messages
+        if m.get("role") == "tool"
+        and m.get("id") == mint_id(f"tool-result-{m.get('toolCallId')}", namespace, set())
+        and (namespace is not None or m.get("toolCallId") in called)
+    ]
+    return calls, results
+
+
+class _AfterSnapshot:
+    """The adopted run's kernel stream, whose first chunk (the task's snapshot) is held until
+    ``before_first`` has run: what that reads of the kernel is then at least as new as the
+    snapshot, and anything later comes live (the translator takes each tool call once)."""
+
+    def __init__(self, stream: KernelByteStream, before_first: Callable[[], None]) -> None:
+        self._stream = stream
+        self._before_first: Callable[[], None] | None = before_first
+
+    def chunks(self) -> Iterator[bytes]:
+        for chunk in self._stream.chunks():
+            hook, self._before_first = self._before_first, None
+            if hook is not None:
+                hook()
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _ReconcilingKernel:
+    """The kernel client as an adopted run's driver sees it: its first ``follow`` (the
+    ``SubscribeToTask`` that takes the run up again) reads the kernel's conversation after
+    the snapshot came, for the tool calls made while no adapter process was alive."""
+
+    def __init__(self, kernel: Any, before_first: Callable[[], None]) -> None:
+        self._kernel = kernel
+        self._before_first: Callable[[], None] | None = before_first
+
+    def follow(self, task_id: str) -> Any:
+        stream = self._kernel.follow(task_id)
+        hook, self._before_first = self._before_first, None
+        return _AfterSnapshot(stream, hook) if hook is not None else stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+
 class AdoptedDriver(RunDriver):
     """The driver of an adopted run: no client of its own, it goes on in its journal (after
     the last id the dead process wrote) on a thread of its own, like a detached run."""
@@ -112,6 +194,33 @@ class AdoptedDriver(RunDriver):
         self._events = last
         self._began = True
         self._detached = True
+        if machine.run_input.props.run_mode != "pipeline":  # a pipeline's tool calls come in its journal
+            self.kernel = _ReconcilingKernel(self.kernel, self._read_gap_tool_calls)
+
+    def _read_gap_tool_calls(self) -> None:
+        """Give the translator the run's tool calls from the kernel's conversation (``reconcile``
+        sends those the journal does not hold). Best effort: without them the run goes on."""
+        machine = self.machine
+        task_id = machine.task_id
+        if not task_id:
+            return
+        try:  # the conversation is the kernel execution's (its id: the task's executionControl)
+            task = self.kernel.get_task(task_id, timeout=10.0)
+            control = ((task.get("metadata") or {}).get("iac_code") or {}).get("executionControl") or {}
+            execution_id = control.get("executionId")
+            if not isinstance(execution_id, str) or not execution_id:
+                log.warning("run %s: the kernel's task names no execution", self.run_id)
+                return
+            status, body = self.kernel.session_recovery(machine.record.context_id, execution_id)
+        except Exception as exc:  # noqa: BLE001 - the run goes on without them
+            log.warning("run %s: the kernel's conversation is unavailable: %s", self.run_id, describe(exc))
+            return
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            log.warning("run %s: the kernel's conversation is unavailable (HTTP %s)", self.run_id, status)
+            return
+        translator, runs = machine.translator, machine.record.runs
+        calls, results = gap_tool_calls(body["messages"], runs, self.run_id, task_id, translator.id_namespace)
+        translator.gap_tool_calls, translator.gap_tool_results = calls, results
 
     def _open_journal(self) -> None:
         self._journal, self._claimed = self._claimed, None
@@ -133,6 +242,16 @@ class Adoption:
         self._scanner: threading.Thread | None = None
         self._lock = threading.Lock()
         self._taking: set[str] = set()  # threads whose run this process is taking over right now
+        self._stopped = False
+
+    def stop(self) -> None:
+        """The process is stopping: it adopts nothing more (a run it took now would be orphaned
+        again as it exits; the next process takes it)."""
+        self._stopped = True
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def taking_over(self, thread_id: str) -> bool:
         """Whether this process is taking over a run of the thread right now (it holds the
@@ -190,12 +309,17 @@ class Adoption:
             return False
         if not orphaned(directory):
             return writer_alive(directory)
+        if self._stopped:
+            return False
         return self.adopt(directory) in ("adopted", "alive", "later")
 
     # ------------------------------------------------------------------ taking over
     def adopt(self, directory: Path) -> str:
         """``adopted``, ``alive`` (another process holds it), ``later`` (the kernel does not
-        answer now: tried again at the next scan or reattach), or ``concluded``/``gone``."""
+        answer now, or this process is stopping: tried again at the next scan or reattach, by
+        the next process), or ``concluded``/``gone``."""
+        if self._stopped:
+            return "later"
         writer = JournalWriter.claim(directory, self.engine.journals.buffer_bytes)
         if writer is None:
             return "alive" if writer_alive(directory) else "gone"
@@ -323,13 +447,9 @@ class Adoption:
 
     def _conclude(self, writer: JournalWriter, events: list[dict[str, Any]], last: int, language: str, why: str) -> str:
         """The run cannot go on: its journal ends as a valid run, ``RUN_ERROR EXECUTION_LOST``."""
-        translator = RunTranslator("", "")
-        translator.restore(events)
-        ts = int(time.time() * 1000)
-        closing = translator.close_all(ts)
-        final = ev.run_error(ts, Code.EXECUTION_LOST, translate(language, msg.RUN_PROCESS_GONE))
+        ending = process_gone_ending(events, int(time.time() * 1000), language)
         try:
-            writer.append(ev.encode_many([*closing, final], last + 1), last + len(closing) + 2)
+            writer.append(ev.encode_many(ending, last + 1), last + len(ending) + 1)
             writer.end()
         except OSError as exc:
             log.warning("could not conclude the journal of %s: %s", writer.directory, exc)

@@ -22,6 +22,7 @@ from typing import Any
 
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.events import Event
+from agui_adapter.protocol.spans import close_spans, step_key_of
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run import pipeline_progress as pl
 from agui_adapter.run.pipeline_progress import PipelineProgress
@@ -189,11 +190,6 @@ def status_text(body: dict[str, Any]) -> tuple[str | None, str]:
     return _str(message.get("messageId")), text
 
 
-def _step_key_of(name: str) -> str:
-    """The step key a STEP_STARTED's stepName came from (``pipeline.step_name`` undone)."""
-    return name if name.startswith("candidate:") else f"step:{name}"
-
-
 def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
@@ -217,6 +213,15 @@ def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
         candidate = f"{base}~{n}"
     used.add(candidate)
     return candidate
+
+
+@dataclass(frozen=True, slots=True)
+class GapToolCall:
+    """A tool call of the run as the kernel's conversation keeps it (``RunTranslator.reconcile``)."""
+
+    tool_call_id: str
+    name: str
+    arguments: str  # compact JSON, as ``TOOL_CALL_ARGS`` carries it live
 
 
 class RunTranslator:
@@ -253,6 +258,10 @@ class RunTranslator:
         self.pipeline_seen = pipeline is not None and bool(pipeline.high_water or pipeline.open_steps)
         self._event_ids: set[str] = set()
         self._active_steps: dict[str, None] = {}
+        # adoption: the tool calls of this run that the kernel's conversation holds (``reconcile``)
+        self.gap_tool_calls: list[GapToolCall] = []
+        self.gap_tool_results: list[tuple[str, str]] = []  # (tool call id, result)
+        self._restored_args: set[str] = set()  # open tool calls whose ARGS the journal holds
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
@@ -360,9 +369,8 @@ class RunTranslator:
         out.append(ev.reasoning_content(ts, rid, text))
 
     def _close_reasoning(self, ts: int, out: list[Event]) -> None:
-        for rid in sorted(self._open_reasoning):
-            out.append(ev.reasoning_message_end(ts, rid))
-            out.append(ev.reasoning_end(ts, rid))
+        # a reasoning span and its message open and close together here
+        out += close_spans(ts, reasoning=self._open_reasoning, reasoning_messages=self._open_reasoning)
         self._open_reasoning.clear()
 
     def _map_tool(self, tool: dict[str, Any], ts: int, out: list[Event]) -> None:
@@ -514,6 +522,11 @@ class RunTranslator:
         return out
 
     # --- adoption (a run another process began) ---------------------------------------
+    @property
+    def id_namespace(self) -> str | None:
+        """The run's id namespace (a Resume's run tag), as ``mint_id`` takes it."""
+        return self._namespace
+
     def _kernel_id(self, agui_id: str) -> str:
         """The kernel message id an AG-UI text id was minted from (``_fresh`` undone)."""
         base, tilde, n = agui_id.rpartition("~")
@@ -547,6 +560,8 @@ class RunTranslator:
             elif kind == "TOOL_CALL_START":
                 self._started_tools.add(str(event.get("toolCallId")))
                 self._open_tools[str(event.get("toolCallId"))] = None
+            elif kind == "TOOL_CALL_ARGS":
+                self._restored_args.add(str(event.get("toolCallId")))
             elif kind == "TOOL_CALL_END":
                 self._open_tools.pop(str(event.get("toolCallId")), None)
             elif kind == "TOOL_CALL_RESULT":
@@ -556,11 +571,11 @@ class RunTranslator:
             elif kind == "REASONING_END" and isinstance(mid, str):
                 self._open_reasoning.pop(mid, None)
             elif kind == "STEP_STARTED":
-                key = _step_key_of(str(event.get("stepName")))
+                key = step_key_of(str(event.get("stepName")))
                 self._active_steps[key] = None
                 self.pipeline.open_steps.add(key)
             elif kind == "STEP_FINISHED":
-                key = _step_key_of(str(event.get("stepName")))
+                key = step_key_of(str(event.get("stepName")))
                 self._active_steps.pop(key, None)
                 self.pipeline.open_steps.discard(key)
             elif kind == "CUSTOM" and event.get("name") == pl.PIPELINE_EVENT and isinstance(event.get("value"), dict):
@@ -581,8 +596,27 @@ class RunTranslator:
         longer runs) holds every agent delta so far (``history``, then ``status.message``);
         what each kernel message holds beyond what was shown of it is sent now, so the text
         ends up the kernel's. The kernel's final repeat of the answer (a message whose text
-        is the text of the messages before it) is not text of its own. What the snapshot
-        cannot give back (reasoning, tool events of the gap) is not made up."""
+        is the text of the messages before it) is not text of its own. The tool calls are not
+        in the snapshot: the adopter reads them from the kernel's conversation once the
+        snapshot arrived (``gap_tool_calls``, ``gap_tool_results``: ``adoption``); those the
+        journal does not hold are sent first, each call's START/ARGS/END (or the rest of
+        them) and its result, with the ids a live run gives them. What neither gives back
+        (reasoning deltas, tool progress) is not made up."""
+        out: list[Event] = []
+        for call in self.gap_tool_calls:
+            tool_id = call.tool_call_id
+            if tool_id not in self._started_tools:
+                self._started_tools.add(tool_id)
+                self._open_tools[tool_id] = None
+                out.append(ev.tool_start(ts, tool_id, call.name, self._current_text))
+            if tool_id in self._open_tools:  # ARGS go out with END (``input_complete``)
+                if tool_id not in self._restored_args:  # a journal cut between the two holds them
+                    out.append(ev.tool_args(ts, tool_id, call.arguments))
+                del self._open_tools[tool_id]
+                out.append(ev.tool_end(ts, tool_id))
+        for tool_id, result in self.gap_tool_results:
+            self.emit_tool_result(tool_id, result, ts, out)  # once per call: the journal's count
+        self.gap_tool_calls, self.gap_tool_results = [], []
         messages: list[dict[str, Any]] = [m for m in task.get("history") or [] if isinstance(m, dict)]
         status = task.get("status")
         state = normalize_state(status.get("state")) if isinstance(status, dict) else None
@@ -609,7 +643,6 @@ class RunTranslator:
                 whole[message_id] = ""
                 order.append(message_id)
             whole[message_id] += text
-        out: list[Event] = []
         for message_id in order:
             shown = "".join(self._shown.get(message_id, []))
             text = whole[message_id]
@@ -624,18 +657,19 @@ class RunTranslator:
 
     # --- the end ------------------------------------------------------------------------
     def close_all(self, ts: int) -> list[Event]:
-        """END for every open span, in a fixed order: reasoning, tools, text."""
-        out: list[Event] = []
-        self._close_reasoning(ts, out)
-        for tool_id in sorted(self._open_tools):
-            out.append(ev.tool_end(ts, tool_id))
+        """END for every open span, in the order every run closes them (``spans.close_spans``)."""
+        out = close_spans(
+            ts,
+            reasoning=self._open_reasoning,
+            reasoning_messages=self._open_reasoning,
+            tools=self._open_tools,
+            texts=self._open_text,
+            steps=[pl.step_name(key) for key in self._active_steps],
+        )
+        self._open_reasoning.clear()
         self._open_tools.clear()
-        for agui_id in sorted(self._open_text):
-            out.append(ev.text_end(ts, agui_id))
         self._open_text.clear()
         self._current_text = None
-        for key in sorted(self._active_steps):
-            out.append(ev.step_finished(ts, pl.step_name(key)))
         self._active_steps.clear()  # the durable open set survives: a Resume reopens it
         return out
 

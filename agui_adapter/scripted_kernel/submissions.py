@@ -276,8 +276,19 @@ class Submissions:
                 if task.running and pipe is not None and text.strip():
                     # Guidance for a running pipeline: acknowledged on its own short stream.
                     pipe.guidance.append(text.strip())
-                    subscriber.put((self._guidance_ack(task, pipe, text), 1))
-                    subscriber.put(CLOSE)
+                    ack = self._guidance_ack(task, pipe, text)
+                    delay = (Directives.parse(text).silent or 0.0) * self.state.delay_scale
+
+                    def acknowledge(ack: dict[str, Any] = ack, subscriber: Any = subscriber) -> None:
+                        subscriber.put((ack, 1))
+                        subscriber.put(CLOSE)
+
+                    if delay > 0:  # ``[SILENT n]``: the acknowledgment comes n x delay_scale s later
+                        timer = threading.Timer(delay, acknowledge)
+                        timer.daemon = True
+                        timer.start()
+                    else:
+                        acknowledge()
                     return task, subscriber
                 if task.running:
                     raise invalid_params(BUSY_TEXT)

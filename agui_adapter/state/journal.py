@@ -58,8 +58,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agui_adapter.protocol import events as ev
-from agui_adapter.protocol.events import HEARTBEAT, Event
+from agui_adapter.protocol.events import HEARTBEAT
 from agui_adapter.state.store import thread_key
 
 log = logging.getLogger("agui_adapter.state.journal")
@@ -137,9 +136,9 @@ def mark_handed_over(directory: Path, when: float) -> None:
         _write_private(directory / HANDED_OVER, json.dumps({"at": when, "pid": os.getpid()}).encode("utf-8"))
 
 
-def scan_run(directory: Path) -> tuple[int, bool, list[dict[str, Any]]]:
+def scan_run(directory: Path, up_to: int | None = None) -> tuple[int, bool, list[dict[str, Any]]]:
     """What a run's journal holds: its last event id, whether it ended, and its events
-    (those of the segments still kept), parsed."""
+    (those of the segments still kept), parsed; only those up to id ``up_to`` when given."""
     last, ended, events = 0, False, []
     for start in _segments(directory):
         try:
@@ -157,6 +156,8 @@ def scan_run(directory: Path) -> tuple[int, bool, list[dict[str, Any]]]:
                 frame_id, event = int(head[4:]), json.loads(body)
             except ValueError:
                 continue
+            if up_to is not None and frame_id > up_to:
+                return last, ended, events
             if frame_id > last:
                 last = frame_id
                 if isinstance(event, dict):
@@ -652,63 +653,11 @@ class JournalReader:
         if fd is not None:
             os.close(fd)
 
-    def closing_events(self, ts: int) -> list[Event]:
-        """The END events of the spans the journal left open (text, tool calls, reasoning,
-        steps), in the order the run's translator closes them: what a run whose process died
-        mid-span needs before its final ``RUN_ERROR`` to stay a valid run. Only the complete
-        frames up to ``last_id`` count (those the reader sent); a span opened in events that
-        fell out of the buffer is not known."""
-        text: dict[str, None] = {}
-        tools: dict[str, None] = {}
-        reasoning: dict[str, None] = {}
-        reasoning_messages: dict[str, None] = {}
-        steps: dict[str, None] = {}
-        opens = {
-            "TEXT_MESSAGE_START": (text, "messageId"),
-            "TOOL_CALL_START": (tools, "toolCallId"),
-            "REASONING_START": (reasoning, "messageId"),
-            "REASONING_MESSAGE_START": (reasoning_messages, "messageId"),
-            "STEP_STARTED": (steps, "stepName"),
-        }
-        closes = {
-            "TEXT_MESSAGE_END": (text, "messageId"),
-            "TOOL_CALL_END": (tools, "toolCallId"),
-            "REASONING_END": (reasoning, "messageId"),
-            "REASONING_MESSAGE_END": (reasoning_messages, "messageId"),
-            "STEP_FINISHED": (steps, "stepName"),
-        }
-        for start in _segments(self.directory):
-            try:
-                data = (self.directory / _segment_name(start)).read_bytes()
-            except FileNotFoundError:
-                continue
-            for frame in data.split(b"\n\n")[:-1]:
-                if not frame.startswith(b"id: "):
-                    continue
-                head, _, body = frame.partition(b"\ndata: ")
-                if int(head[4:]) > self.last_id:
-                    break
-                try:
-                    event = json.loads(body)
-                except ValueError:
-                    continue
-                kind = event.get("type")
-                if kind in opens:
-                    spans, key = opens[kind]
-                    spans[str(event.get(key))] = None
-                elif kind in closes:
-                    spans, key = closes[kind]
-                    spans.pop(str(event.get(key)), None)
-        out: list[Event] = []
-        for rid in sorted(reasoning_messages.keys() | reasoning.keys()):
-            if rid in reasoning_messages:
-                out.append(ev.reasoning_message_end(ts, rid))
-            if rid in reasoning:
-                out.append(ev.reasoning_end(ts, rid))
-        out += [ev.tool_end(ts, tool_id) for tool_id in sorted(tools)]
-        out += [ev.text_end(ts, message_id) for message_id in sorted(text)]
-        out += [ev.step_finished(ts, name) for name in sorted(steps)]
-        return out
+    def sent_events(self) -> list[dict[str, Any]]:
+        """The run's events this reader sent (the journal's complete frames up to
+        ``last_id``, those still kept), parsed: what ``run.process_gone`` closes when the
+        run's process died."""
+        return scan_run(self.directory, up_to=self.last_id)[2]
 
 
 def follow(

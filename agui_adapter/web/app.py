@@ -68,6 +68,7 @@ from agui_adapter.protocol.validation import (
     validate_run_input,
 )
 from agui_adapter.run.engine import Admission, RunEngine
+from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.state.journal import JournalReader, ReplayUnavailable, follow
 from agui_adapter.web import client_modules, console_page
 from agui_adapter.web.access_log import IDS_KEY, Exchange, ResponseBody
@@ -657,12 +658,12 @@ class AguiApp:
         run_id: str = "",
     ) -> Iterable[bytes]:
         assert reader is not None
-        message = translate(language, msg.RUN_PROCESS_GONE)
 
         def lost(next_id: int) -> bytes:
-            ts = int(time.time() * 1000)
-            closing = reader.closing_events(ts)  # the spans the dead process left open
-            return ev.encode_many([*closing, ev.run_error(ts, Code.EXECUTION_LOST, message)], next_id)
+            if self.engine.adoption.stopped:  # this process is stopping: the client reattaches to the next
+                return b""
+            ending = process_gone_ending(reader.sent_events(), int(time.time() * 1000), language)
+            return ev.encode_many(ending, next_id)
 
         heartbeat = self.engine.settings.heartbeat_seconds
 

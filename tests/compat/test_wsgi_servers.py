@@ -17,7 +17,8 @@ the ``pid`` of the JSON log line "run ... reattached after event K", which the s
 worker writes before its response starts.
 
 Adoption (issue 22) under gunicorn ``-w 2``: a worker killed mid-run (``kill -9``) or recycled
-(``--max-requests 1``) does not cost the run: another worker adopts it (see the last section).
+(``--max-requests 1``) does not cost the run: another worker adopts it; a graceful stop of gunicorn
+(SIGTERM, or a HUP reload) hands the workers' runs over to the next workers (the last sections).
 
 Run with ``pytest -m wsgi_servers tests/compat/test_wsgi_servers.py``.
 """
@@ -128,16 +129,20 @@ def _serve(
     workers: int = 1,
     extra_env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] = (),
+    base: Path | None = None,
 ) -> Server:
-    """``kind`` serving the adapter on a fresh state directory, ready (``workers``: gunicorn's ``-w``)."""
+    """``kind`` serving the adapter on a fresh state directory (or ``base``'s again), ready
+    (``workers``: gunicorn's ``-w``)."""
     if kind != "werkzeug" and importlib.util.find_spec(kind) is None:
         message = f"{kind} is not installed (pip install -e .[test])"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    base = tmp_path_factory.mktemp(f"wsgi-{kind}")
-    (base / "state").mkdir()
-    (base / "ws").mkdir()
+    again = base is not None
+    if base is None:
+        base = tmp_path_factory.mktemp(f"wsgi-{kind}")
+        (base / "state").mkdir()
+        (base / "ws").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE_AGUI_")}
     env.update(
         {
@@ -152,7 +157,7 @@ def _serve(
     env.update(extra_env or {})
     STATE_DIRS.append(base / "state")
     port = free_port()
-    log_path = base / "server.log"
+    log_path = base / ("server-again.log" if again else "server.log")
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
             _command(kind, port, workers, extra_args), cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
@@ -458,3 +463,58 @@ def test_a_worker_that_dies_mid_run_is_replaced_by_an_adopter(
         assert nxt.terminal["type"] == "RUN_FINISHED"
     finally:
         server.stop()
+
+
+def _pids_logging(servers: list[Server], prefix: str) -> list[int]:
+    """The pids whose JSON log lines start with ``prefix``, oldest first."""
+    pids = []
+    for server in servers:
+        for line in server.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{") and json.loads(line)["message"].startswith(prefix):
+                pids.append(int(json.loads(line)["pid"]))
+    return pids
+
+
+# A graceful stop of the workers (SIGTERM to gunicorn; HUP: new workers, the old ones get
+# SIGTERM) hands their open runs over (``agui_adapter.wsgi.install_shutdown_hook``, installed when
+# the worker imports the application; ``deploy/gunicorn.conf.py`` installs it again from
+# ``post_worker_init``): the stream closes without a terminal event within the shutdown grace,
+# the kernel task goes on, and the client's reattach reaches a worker that adopted the run.
+@pytest.mark.parametrize("how", ["sigterm", "hup-with-deploy-config"])
+def test_a_graceful_stop_of_gunicorn_hands_the_runs_over_to_the_next_workers(
+    tmp_path_factory: Any, scripted_kernel: Any, how: str
+) -> None:
+    env = {"IAC_CODE_AGUI_LOG_FORMAT": "json", "IAC_CODE_AGUI_SHUTDOWN_GRACE_SECONDS": "0.5"}
+    extra = ("-c", str(ROOT / "deploy" / "gunicorn.conf.py")) if how.startswith("hup") else ()
+    server = _serve("gunicorn", tmp_path_factory, scripted_kernel, 2, env, extra)
+    servers = [server]
+    try:
+        body = run_body("[SILENT 100] [SLOW] go", cwd=str(server.workspace))  # 5 s of silence, then text
+        own = LiveStream(Client(server.url), body)
+        task_id = own.session()["taskId"]
+        seen = own.read_events(2)
+        state = server.log_path.parent / "state"
+        writer = _lock_holder(state / "journal" / thread_key(body["threadId"]) / thread_key(body["runId"]))
+        stopped = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+        seen += own.rest()  # closed by the worker, not cut: no terminal event
+        closed_after = time.monotonic() - stopped
+        assert seen[-1][1]["type"] not in ("RUN_FINISHED", "RUN_ERROR"), seen[-1]
+        assert closed_after < 4, closed_after  # within the grace (0.5 s), not gunicorn's graceful timeout (5 s)
+        if how == "sigterm":
+            assert server.proc.wait(15) == 0, server.log()
+            server = _serve("gunicorn", tmp_path_factory, scripted_kernel, 2, env, extra, base=server.log_path.parent)
+            servers.append(server)
+        rest = _come_back_until_the_end(server.url, body, seen[-1][0], timeout=60)
+        events = joined(seen, rest)
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, server.log()
+        assert _adoption_text(events) == "".join(SLOW_PIECES)
+        handed = _pids_logging(servers, f"run {body['runId']}: handed over")
+        adopted = _pids_logging(servers, f"run {body['runId']} on thread {body['threadId']} adopted after event")
+        assert handed == [writer], handed  # the stopped worker handed it over ...
+        assert len(adopted) == 1 and adopted[0] != writer, adopted  # ... and another one adopted it
+        cancelled = {r["params"].get("id") for r in list(scripted_kernel.requests) if r["method"] == "CancelTask"}
+        assert task_id not in cancelled
+    finally:
+        for srv in servers:
+            srv.stop()

@@ -102,6 +102,54 @@ def test_a_reader_on_another_process_takes_over_when_the_running_process_dies(
     assert joined(seen, Client(b.url).events(body["threadId"], body["runId"], seen[-1][0]).rest()) == events
 
 
+def gap_tool_result_kept(kernel: ScriptedKernel, task_id: str) -> bool:
+    """Whether the kernel's conversation of the task's context holds a tool result."""
+    with kernel.state.lock:
+        task = kernel.state.tasks.get(task_id)
+        ctx = kernel.state.contexts.get(task.context_id) if task is not None else None
+        conversation = list(ctx.conversation) if ctx is not None else []
+    return any(
+        isinstance(m.get("content"), list) and any(b.get("type") == "tool_result" for b in m["content"])
+        for m in conversation
+    )
+
+
+def tool_events(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The run's tool events without their ids: (type, name / args / result content)."""
+    shown = {"TOOL_CALL_START": "toolCallName", "TOOL_CALL_ARGS": "delta", "TOOL_CALL_RESULT": "content"}
+    return [(e["type"], str(e.get(shown.get(e["type"], "type")))) for e in events if e["type"].startswith("TOOL_CALL")]
+
+
+@pytest.mark.parametrize("route", ["get", "post"])
+def test_a_tool_call_made_while_no_adapter_was_alive_is_sent_by_the_adopter(
+    adapter_process: Any, kernel: ScriptedKernel, workspace: Path, route: str
+) -> None:
+    a = start(adapter_process, kernel)
+    body = run_body("[SILENT 5] [TOOL] [SLOW] go", cwd=str(workspace))
+    first = LiveStream(Client(a.url), body)
+    task_id = first.session()["taskId"]
+    seen = first.read_events(1)
+    a.kill()  # before the tool call: the kernel makes it (and gets its result) with no adapter alive
+    assert not any(e["type"].startswith("TOOL_CALL") for _, e in seen)
+    wait_for(lambda: gap_tool_result_kept(kernel, task_id), 20)
+    b = start(adapter_process, kernel)
+    events = joined(seen, reattach(Client(b.url), body, seen[-1][0], route).rest())
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    # the call as an uninterrupted run streams it: START, ARGS, END, RESULT, once each
+    whole = Client(b.url).run(run_body("[TOOL] go", cwd=str(workspace)))
+    assert tool_events(events) == tool_events(whole.events), b.log.decode()
+    [start_event] = [e for e in events if e["type"] == "TOOL_CALL_START"]
+    [result] = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["toolCallId"] == start_event["toolCallId"] and result["messageId"] == (
+        f"tool-result-{start_event['toolCallId']}"
+    )
+    assert text_of(events) == "I will read the file." + SLOW_TEXT
+    # the thread's messages name the call and its result with the ids the stream used
+    messages = requests.get(f"{b.url}threads/{body['threadId']}/messages", timeout=10).json()["messages"]
+    assert start_event["toolCallId"] in [c["id"] for m in messages for c in m.get("toolCalls", [])]
+    assert result["messageId"] in [m["id"] for m in messages]
+
+
 def test_sigterm_with_handover_closes_streams_without_a_terminal_event_and_the_next_process_adopts(
     adapter_process: Any, kernel: ScriptedKernel, workspace: Path
 ) -> None:
@@ -307,3 +355,33 @@ def test_a_kernel_that_does_not_answer_is_waited_for_not_taken_for_one_that_lost
         assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "EXECUTION_LOST", events[-1]
     finally:
         back.stop()
+
+
+def test_a_guidance_run_whose_process_died_ends_execution_lost_and_its_pipeline_is_adopted(
+    adapter_process: Any, kernel: ScriptedKernel, workspace: Path
+) -> None:
+    """Guidance runs are not adopted (the README says why): whether the kernel took the message
+    cannot be known, so the run ends ``EXECUTION_LOST``; the pipeline's own run goes on."""
+    a = start(adapter_process, kernel)
+    body = run_body("[PIPE-SLOW] a small website", cwd=str(workspace), runMode="pipeline", pipelineName="selling")
+    pipeline = LiveStream(Client(a.url), body)
+    pipeline.session()
+    seen = pipeline.read_events(1)
+    guidance = run_body(
+        "[SILENT 30] prefer cn-shanghai",  # the kernel acknowledges it 9 s later: the process dies first
+        thread_id=body["threadId"],
+        cwd=str(workspace),
+        runMode="pipeline",
+        pipelineName="selling",
+        activeGuidance=True,
+    )
+    steer = LiveStream(Client(a.url), guidance)
+    steered = steer.read_events(1)
+    assert steered[-1][1]["type"] == "RUN_STARTED"
+    a.kill()
+    b = start(adapter_process, kernel)
+    lost = joined(steered, reattach(Client(b.url), guidance, steered[-1][0], "get").rest())
+    assert [e["type"] for e in lost] == ["RUN_STARTED", "RUN_ERROR"] and lost[-1]["code"] == "EXECUTION_LOST", lost
+    events = joined(seen, reattach(Client(b.url), body, seen[-1][0], "get").rest())
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert b"adopted after event" in b.log

@@ -13,6 +13,7 @@ the client's next event is printed (``-s``).
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -146,6 +147,12 @@ def test_a_permission_reached_while_no_adapter_is_alive_is_adopted_at_start_up(
     assert text_of(events) == "I will write the file now."
     [interrupt] = events[-1]["outcome"]["interrupts"]
     assert interrupt["metadata"]["toolName"] == "write_file"
+    # the tool call the kernel streamed while no adapter was alive, from its conversation
+    calls = [e for e in events if e["type"].startswith("TOOL_CALL")]
+    assert [e["type"] for e in calls] == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"], calls
+    assert {e["toolCallId"] for e in calls} == {interrupt["toolCallId"]}
+    assert calls[0]["toolCallName"] == "write_file" and json.loads(calls[1]["delta"])["path"] == "hello.txt"
+    official(events)
     answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}]
     try:
         done = Client(b.url).run(run_body(None, thread_id=body["threadId"], cwd=str(ws), resume=answer))

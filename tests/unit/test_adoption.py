@@ -118,3 +118,89 @@ def test_on_shutdown_is_handover_with_an_external_kernel_and_cancel_with_our_own
         assert "on_shutdown" in str(exc)
     else:
         raise AssertionError("an unknown on_shutdown was accepted")
+
+
+def test_the_tool_calls_of_the_gap_are_the_ones_each_recorded_run_streamed() -> None:
+    """``gap_tool_calls`` on the real kernel's conversation (``tests/data/history/``): for each
+    recorded run, taken as the run being adopted (its task not written yet), the calls and
+    results it finds are those the run streamed, with the same ids and arguments; a run
+    whose journal holds none of them gets them all back from ``reconcile``."""
+    from agui_adapter.run.adoption import gap_tool_calls
+    from agui_adapter.run.machine import run_tag
+    from agui_adapter.state.record import RunEntry
+
+    history = Path(__file__).resolve().parent.parent / "data" / "history"
+    streams = json.loads((history / "agui-streams.json").read_text())
+    conversation = json.loads((history / "kernel-history.json").read_text())["GET /iac-code/session/recovery"]["body"][
+        "messages"
+    ]
+    entries = []
+    for stream in streams:
+        events = stream["events"]
+        [session] = [e["value"] for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.session.v1"]
+        outcome = events[-1].get("outcome", {})
+        calls = [i["toolCallId"] for i in outcome.get("interrupts", []) if i.get("toolCallId")]
+        mode = "resume" if "resume" in stream["request"] else "turn"
+        entries.append(
+            RunEntry(stream["request"]["runId"], "t", mode, task_id=session["taskId"], interrupt_tool_calls=calls)
+        )
+    found_any = 0
+    for index, stream in enumerate(streams):
+        events, run_id = stream["events"], stream["request"]["runId"]
+        # the run being adopted has no task in the record yet (written when it ends)
+        entry = RunEntry(run_id, "t", entries[index].mode, interrupt_tool_calls=entries[index].interrupt_tool_calls)
+        running = [*entries[:index], entry, *entries[index + 1 :]]
+        namespace = run_tag(run_id) if entries[index].mode == "resume" else None
+        calls, results = gap_tool_calls(conversation, running, run_id, str(entries[index].task_id), namespace)
+        streamed_calls = [(e["toolCallId"], e["toolCallName"]) for e in events if e["type"] == "TOOL_CALL_START"]
+        assert [(c.tool_call_id, c.name) for c in calls] == streamed_calls
+        args = [e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"]
+        assert [c.arguments for c in calls] == args
+        assert results == [(e["toolCallId"], e["content"]) for e in events if e["type"] == "TOOL_CALL_RESULT"]
+        found_any += len(calls) + len(results)
+        # the adopter of a run whose journal holds only RUN_STARTED sends them as the run did
+        adopter = RunTranslator("t", run_id, id_namespace=namespace)
+        adopter.restore(events[:1])
+        adopter.gap_tool_calls, adopter.gap_tool_results = calls, results
+        sent = [e for e in adopter.reconcile({"history": []}, 5) if e["type"].startswith("TOOL_CALL")]
+        kept = ("type", "toolCallId", "toolCallName", "delta", "content", "messageId")
+        streamed = [e for e in events if e["type"].startswith("TOOL_CALL")]
+        assert [{k: e[k] for k in kept if k in e} for e in sent] == [
+            {k: e[k] for k in kept if k in e and not (k == "messageId" and e["type"] != "TOOL_CALL_RESULT")}
+            for e in streamed
+        ]
+    assert found_any >= 2  # the write_file call (a turn) and its result (the Resume)
+
+
+def test_reconcile_finishes_a_tool_call_the_journal_left_open_and_sends_nothing_twice() -> None:
+    from agui_adapter.run.translation import GapToolCall
+
+    journal = [
+        ev.run_started(1, "t", "r"),
+        ev.tool_start(1, "call-1", "read_file", None),  # the dead process sent START only
+        ev.tool_start(1, "call-0", "ls", None),
+        ev.tool_args(1, "call-0", "{}"),
+        ev.tool_end(1, "call-0"),
+        ev.tool_result(1, "tool-result-call-0", "call-0", "done"),
+    ]
+    adopter = RunTranslator("t", "r")
+    adopter.restore(journal)
+    adopter.gap_tool_calls = [GapToolCall("call-0", "ls", "{}"), GapToolCall("call-1", "read_file", '{"path":"x"}')]
+    adopter.gap_tool_results = [("call-0", "done"), ("call-1", "read 3 lines")]
+    sent = adopter.reconcile({"history": []}, 2)
+    assert [(e["type"], e.get("toolCallId")) for e in sent] == [
+        ("TOOL_CALL_ARGS", "call-1"),
+        ("TOOL_CALL_END", "call-1"),
+        ("TOOL_CALL_RESULT", "call-1"),
+    ]
+    # the live stream goes on with the same call: nothing of it twice
+    live = {"toolUseId": "call-1", "name": "read_file", "status": "input_complete", "toolInput": {"path": "x"}}
+    again = adopter._map_tool(live, 3, out := [])  # noqa: SLF001 - as a live frame would
+    assert again is None and out == []
+    adopter.emit_tool_result("call-1", "read 3 lines", 3, out)
+    assert out == []
+    # a journal cut between a call's ARGS and its END: only the END is owed
+    cut = RunTranslator("t", "r")
+    cut.restore([ev.run_started(1, "t", "r"), ev.tool_start(1, "call-2", "ls", None), ev.tool_args(1, "call-2", "{}")])
+    cut.gap_tool_calls = [GapToolCall("call-2", "ls", "{}")]
+    assert [e["type"] for e in cut.reconcile({"history": []}, 2)] == ["TOOL_CALL_END"]
