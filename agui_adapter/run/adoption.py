@@ -38,22 +38,24 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.errors import Code
 from agui_adapter.protocol.i18n import translate
 from agui_adapter.protocol.validation import IacCodeProps, RunInput
+from agui_adapter.run.admitted import Admission
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
+from agui_adapter.run.lifecycle import Attach, Lifecycle
 from agui_adapter.run.machine import RunMachine
+from agui_adapter.run.registry import LiveRuns
+from agui_adapter.run.services import RunServices
+from agui_adapter.run.slots import RunSlots
 from agui_adapter.run.translation import SESSION_EVENT, RunTranslator
 from agui_adapter.state.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
 from agui_adapter.state.store import StoreError
-
-if TYPE_CHECKING:
-    from agui_adapter.run.engine import Admission, RunEngine
 
 log = logging.getLogger("agui_adapter.run.adoption")
 
@@ -106,18 +108,19 @@ class AdoptedDriver(RunDriver):
     """The driver of an adopted run: no client of its own, it goes on in its journal (after
     the last id the dead process wrote) on a thread of its own, like a detached run."""
 
-    def __init__(self, engine: RunEngine, admission: Admission, machine: RunMachine, writer: JournalWriter, last: int):
-        super().__init__(engine, admission, machine, None)
+    def __init__(
+        self, services: RunServices, admission: Admission, machine: RunMachine, writer: JournalWriter, last: int
+    ):
+        super().__init__(services, admission, machine, None)
         self._claimed: JournalWriter | None = writer
         self._events = last
-        self._began = True
-        self._detached = True
+        self._life = Lifecycle(Attach.DETACHED)  # no client of its own, ever
 
     def _open_journal(self) -> None:
         self._journal, self._claimed = self._claimed, None
 
     def grace_seconds(self) -> float:
-        grace = self.engine.settings.disconnect_grace_seconds
+        grace = self.services.settings.disconnect_grace_seconds
         return grace if grace > 0 else ADOPTED_GRACE_SECONDS
 
     def go(self) -> None:
@@ -128,8 +131,10 @@ class AdoptedDriver(RunDriver):
 class Adoption:
     """Finds and adopts the orphan runs of a state directory; one per process."""
 
-    def __init__(self, engine: RunEngine) -> None:
-        self.engine = engine
+    def __init__(self, services: RunServices, slots: RunSlots, live: LiveRuns) -> None:
+        self.services = services
+        self._slots = slots
+        self._live = live
         self._scanner: threading.Thread | None = None
         self._lock = threading.Lock()
         self._taking: set[str] = set()  # threads whose run this process is taking over right now
@@ -154,7 +159,7 @@ class Adoption:
     def scan(self) -> int:
         """Adopt every orphan of the journal directory; how many were adopted."""
         adopted = 0
-        root = self.engine.journals.root
+        root = self.services.journals.root
         try:
             threads = list(os.scandir(root))
         except OSError:
@@ -166,7 +171,7 @@ class Adoption:
     def thread(self, thread_id: str) -> int:
         """Adopt the orphan runs of one thread (a request for it arrived); how many."""
         try:
-            directory = self.engine.journals.run_dir(thread_id, "x").parent
+            directory = self.services.journals.run_dir(thread_id, "x").parent
         except StoreError:
             return 0
         return self._scan_thread_dir(directory)
@@ -185,7 +190,7 @@ class Adoption:
     def run(self, thread_id: str, run_id: str) -> bool:
         """A reader met the run: adopt it if it is an orphan. Whether it has a live writer now."""
         try:
-            directory = self.engine.journals.run_dir(thread_id, run_id)
+            directory = self.services.journals.run_dir(thread_id, run_id)
         except StoreError:
             return False
         if not orphaned(directory):
@@ -196,7 +201,7 @@ class Adoption:
     def adopt(self, directory: Path) -> str:
         """``adopted``, ``alive`` (another process holds it), ``later`` (the kernel does not
         answer now: tried again at the next scan or reattach), or ``concluded``/``gone``."""
-        writer = JournalWriter.claim(directory, self.engine.journals.buffer_bytes)
+        writer = JournalWriter.claim(directory, self.services.journals.buffer_bytes)
         if writer is None:
             return "alive" if writer_alive(directory) else "gone"
         try:
@@ -208,14 +213,14 @@ class Adoption:
             return "gone"
 
     def _take_over(self, directory: Path, writer: JournalWriter) -> str:
-        engine = self.engine
+        services = self.services
         last, ended, events = scan_run(directory)
         if ended or last == 0:
             writer.close()
             return "gone"
         meta = read_meta(directory) or {}
         thread_id, run_id = meta.get("threadId"), meta.get("runId")
-        language = str(meta.get("language") or engine.settings.default_language)
+        language = str(meta.get("language") or services.settings.default_language)
         if events and events[-1].get("type") in _TERMINAL:  # it ended, the end mark did not make it
             writer.end()
             return "concluded"
@@ -223,7 +228,7 @@ class Adoption:
             return self._conclude(writer, events, last, language, "no run.json")
         # the thread first (the dead process's lock went with it): a new turn racing this
         # adoption either finds the thread held, or holds it and the run cannot go on
-        run_lock = engine.store.try_lock_run(thread_id)
+        run_lock = services.store.try_lock_run(thread_id)
         if run_lock is None:
             return self._conclude(writer, events, last, language, "another run holds its thread")
         with self._lock:
@@ -249,13 +254,13 @@ class Adoption:
         language: str,
         run_lock: Any,
     ) -> str:
-        engine = self.engine
+        services = self.services
         session = next(
             (e.get("value") for e in events if e.get("type") == "CUSTOM" and e.get("name") == SESSION_EVENT), None
         )
         mode = Mode(meta.get("mode", "turn"))
         try:
-            record = engine.store.load(thread_id)
+            record = services.store.load(thread_id)
         except StoreError as exc:
             run_lock.release()
             writer.close()
@@ -272,19 +277,17 @@ class Adoption:
         ):  # a retired execution is still followed: the kernel's last state says how its run ended
             run_lock.release()
             return self._conclude(writer, events, last, language, "its execution is over or unknown")
-        if not engine.kernel.health(timeout=2.0):  # a kernel down is not a kernel that lost the task
+        if not services.kernel.health(timeout=2.0):  # a kernel down is not a kernel that lost the task
             run_lock.release()
             writer.close()
             log.warning("run %s: not adopted now: the kernel does not answer", run_id)
             return "later"
-        if not engine.take_run_slot():
+        if not self._slots.take():
             run_lock.release()
             writer.close()
             log.warning("run %s: not adopted now: no run slot free", run_id)
             return "later"
         try:
-            from agui_adapter.run.engine import Admission  # a cycle at import time otherwise
-
             props = IacCodeProps(
                 schema_version=1,
                 ros_invocation_id=str(meta.get("rosInvocationId") or execution.ros_invocation_id),
@@ -301,15 +304,15 @@ class Adoption:
                 mode=mode,
                 record=record,
                 language=language,
-                interrupt_ttl_seconds=engine.settings.interrupt_ttl_seconds,
+                interrupt_ttl_seconds=services.settings.interrupt_ttl_seconds,
                 adopted_events=events,
                 adopted_pipeline=read_pipeline_note(directory),
             )
-            driver = AdoptedDriver(engine, admission, machine, writer, last)
+            driver = AdoptedDriver(services, admission, machine, writer, last)
         except BaseException:
-            engine.give_run_slot()
+            self._slots.give()
             raise
-        engine.register_adopted(driver)
+        self._live.opened(driver, adopted=True)
         handed = (directory / "handed-over").exists()
         log.info(
             "run %s on thread %s adopted after event %d (%s)",
