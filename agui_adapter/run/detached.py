@@ -66,10 +66,10 @@ class Unattended:
         self._since: float | None = None
 
     def over(self, followed: bool) -> bool:
+        now = self._clock()  # read at every look (tests wait on those reads)
         if followed:
             self._since = None
             return False
-        now = self._clock()
         if self._since is None:
             self._since = now
         return now - self._since >= self._grace
