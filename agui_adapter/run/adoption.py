@@ -9,7 +9,7 @@ that meets it becomes its driver again:
 
 * on a reattach to it (``POST /`` with ``Last-Event-ID``, the events route, or a reader
   following it when its writer dies: ``journal.follow``'s ``adopt``),
-* on a new turn for its thread (``RunEngine._admit``: the orphan holds the thread again, so
+* on a new turn for its thread (``admission.Admitter``: the orphan holds the thread again, so
   the turn is ``THREAD_BUSY`` while the run goes on),
 * at start-up and every ``SCAN_SECONDS`` after (``Adoption.scan``): found from the journal
   directory, never by scanning thread records.

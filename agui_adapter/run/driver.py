@@ -15,12 +15,18 @@ first write, ``close()`` asks the machine, ``client_gone``, and carries out its 
 the same way) and through ``release_now``, by which the cancel extension frees the
 thread at once even while this run's writer is blocked on a client that stopped reading.
 
+Where the run stands towards its client is one state (``lifecycle.Attach``: new, attached,
+detached, abandoned, shutting down, handing over, handed over, ended), moved only through
+``Lifecycle.move``, which checks the move; the machine's phase says where the run itself is.
+The driver sees the process through the narrow ``RunServices`` it is given (``services``),
+never through the engine.
+
 Every chunk the run writes (heartbeats aside) is also appended to the run's journal
 (``journal``), each event numbered by its SSE ``id``, so that a client can reattach; any
 number of readers follow the journal at once, the run's own client among them. When the
 client goes away and a disconnect grace period is set, or while other readers still follow
 the run, ``close()`` does not end the run: it goes on, on a thread of its own, into its
-journal, until it ends or nobody has been attached for the grace period (counted from the
+journal (``detached``), until it ends or nobody has been attached for the grace period (counted from the
 last reader leaving; the machine's ``abandoned``).
 
 At shutdown with ``--on-shutdown handover`` (``shut_down(hand_over=True)``), a run that did not
@@ -314,15 +320,9 @@ class RunDriver:
                 frames = []
                 if machine.ended:
                     return
-            match item:
-                case StreamEnd():
-                    effects = machine.stream_ended(now)
-                case Rejected(error=error):
-                    effects = machine.kernel_rejected(error, now)
-                case Unavailable(error=error):
-                    effects = machine.kernel_unavailable(str(error), now)
-                case _:  # Wake
-                    continue
+            effects = self._on_item(item, now)
+            if effects is None:
+                continue
             yield from self._carry_out(effects, out)
             if machine.ended:
                 return
@@ -332,6 +332,18 @@ class RunDriver:
                 out.extend(effects[0].events)  # type: ignore[union-attr]
             else:
                 yield from self._carry_out(effects, out)
+
+    def _on_item(self, item: Any, now: float) -> list[fx.Effect] | None:
+        """What the machine makes of a queued item other than bytes (None: a wake-up only)."""
+        match item:
+            case StreamEnd():
+                return self.machine.stream_ended(now)
+            case Rejected(error=error):
+                return self.machine.kernel_rejected(error, now)
+            case Unavailable(error=error):
+                return self.machine.kernel_unavailable(str(error), now)
+            case _:  # Wake
+                return None
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order; events go to ``out`` (written by the caller), except
