@@ -59,16 +59,18 @@ def build_app(
     *,
     tracing: Tracing | None = None,
     clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> AguiApp:
     """The WSGI application for these settings, talking to ``kernel``; tracing as the
     environment says (``tracing.from_environment``) unless given; ``clock`` is the runs' wall
-    clock (interrupt expiry, timestamps), a fake one in tests."""
+    clock (interrupt expiry, timestamps), ``monotonic`` the clock of their disconnect grace
+    period, fake ones in tests."""
     client = KernelClient(kernel.url, kernel.token or None)
     store = ThreadStore(settings.resolved_state_dir())
     metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
     tracing = tracing if tracing is not None else from_environment()
     client.calls = KernelCalls(metrics, tracing)
-    engine = RunEngine(store, client, settings, clock=clock, metrics=metrics, tracing=tracing)
+    engine = RunEngine(store, client, settings, clock=clock, monotonic=monotonic, metrics=metrics, tracing=tracing)
     metrics.describe(__version__, kernel.health_kind, settings.max_runs)
     metrics.watch_state(
         lambda: state_gauges.pending_interrupts(store.threads_dir, time.time()),

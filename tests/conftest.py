@@ -75,10 +75,13 @@ def full_scale_kernel() -> Iterator[ScriptedKernel]:
 
 def _adapters(tmp_path: Path, kernel: ScriptedKernel) -> Iterator[Any]:
     """A factory of in-process adapters on ``kernel``, settings overridable (and the runs' wall
-    clock, ``clock=``); stopped at the end."""
+    clock, ``clock=``, and the monotonic clock of their grace period, ``monotonic=``); stopped
+    at the end."""
     started: list[InProcessAdapter] = []
 
-    def factory(clock: Callable[[], float] = time.time, **overrides: Any) -> InProcessAdapter:
+    def factory(
+        clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic, **overrides: Any
+    ) -> InProcessAdapter:
         base = Settings(
             state_dir=str(tmp_path / "state"),
             heartbeat_seconds=15.0,
@@ -86,7 +89,7 @@ def _adapters(tmp_path: Path, kernel: ScriptedKernel) -> Iterator[Any]:
         )
         settings = replace(base, **overrides)
         STATE_DIRS.append(Path(settings.state_dir))
-        adapter = InProcessAdapter(settings, KernelProcess(kernel.url, KERNEL_TOKEN, "scripted"), clock)
+        adapter = InProcessAdapter(settings, KernelProcess(kernel.url, KERNEL_TOKEN, "scripted"), clock, monotonic)
         started.append(adapter)
         return adapter
 

@@ -9,7 +9,7 @@ that meets it becomes its driver again:
 
 * on a reattach to it (``POST /`` with ``Last-Event-ID``, the events route, or a reader
   following it when its writer dies: ``journal.follow``'s ``adopt``),
-* on a new turn for its thread (``RunEngine._admit``: the orphan holds the thread again, so
+* on a new turn for its thread (``admission.Admitter``: the orphan holds the thread again, so
   the turn is ``THREAD_BUSY`` while the run goes on),
 * at start-up and every ``SCAN_SECONDS`` after (``Adoption.scan``): found from the journal
   directory, never by scanning thread records.
@@ -43,24 +43,32 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agui_adapter.ops.faults import describe
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.history import agui_messages
 from agui_adapter.protocol.validation import IacCodeProps, RunInput
+from agui_adapter.run.admitted import Admission
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
+from agui_adapter.run.lifecycle import Attach, Lifecycle
 from agui_adapter.run.machine import RunMachine
 from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.run.pump import KernelByteStream
-from agui_adapter.run.translation import SESSION_EVENT, GapToolCall, compact_json, mint_id, normalize_numbers
+from agui_adapter.run.registry import LiveRuns
+from agui_adapter.run.services import RunServices
+from agui_adapter.run.slots import RunSlots
+from agui_adapter.run.translation import (
+    SESSION_EVENT,
+    GapToolCall,
+    compact_json,
+    mint_id,
+    normalize_numbers,
+)
 from agui_adapter.state.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
 from agui_adapter.state.record import RunEntry
 from agui_adapter.state.store import StoreError
-
-if TYPE_CHECKING:
-    from agui_adapter.run.engine import Admission, RunEngine
 
 log = logging.getLogger("agui_adapter.run.adoption")
 
@@ -188,12 +196,13 @@ class AdoptedDriver(RunDriver):
     """The driver of an adopted run: no client of its own, it goes on in its journal (after
     the last id the dead process wrote) on a thread of its own, like a detached run."""
 
-    def __init__(self, engine: RunEngine, admission: Admission, machine: RunMachine, writer: JournalWriter, last: int):
-        super().__init__(engine, admission, machine, None)
+    def __init__(
+        self, services: RunServices, admission: Admission, machine: RunMachine, writer: JournalWriter, last: int
+    ):
+        super().__init__(services, admission, machine, None)
         self._claimed: JournalWriter | None = writer
         self._events = last
-        self._began = True
-        self._detached = True
+        self._life = Lifecycle(Attach.DETACHED)  # no client of its own, ever
         if machine.run_input.props.run_mode != "pipeline":  # a pipeline's tool calls come in its journal
             self.kernel = _ReconcilingKernel(self.kernel, self._read_gap_tool_calls)
 
@@ -226,7 +235,7 @@ class AdoptedDriver(RunDriver):
         self._journal, self._claimed = self._claimed, None
 
     def grace_seconds(self) -> float:
-        grace = self.engine.settings.disconnect_grace_seconds
+        grace = self.services.settings.disconnect_grace_seconds
         return grace if grace > 0 else ADOPTED_GRACE_SECONDS
 
     def go(self) -> None:
@@ -237,8 +246,10 @@ class AdoptedDriver(RunDriver):
 class Adoption:
     """Finds and adopts the orphan runs of a state directory; one per process."""
 
-    def __init__(self, engine: RunEngine) -> None:
-        self.engine = engine
+    def __init__(self, services: RunServices, slots: RunSlots, live: LiveRuns) -> None:
+        self.services = services
+        self._slots = slots
+        self._live = live
         self._scanner: threading.Thread | None = None
         self._lock = threading.Lock()
         self._taking: set[str] = set()  # threads whose run this process is taking over right now
@@ -273,7 +284,7 @@ class Adoption:
     def scan(self) -> int:
         """Adopt every orphan of the journal directory; how many were adopted."""
         adopted = 0
-        root = self.engine.journals.root
+        root = self.services.journals.root
         try:
             threads = list(os.scandir(root))
         except OSError:
@@ -285,7 +296,7 @@ class Adoption:
     def thread(self, thread_id: str) -> int:
         """Adopt the orphan runs of one thread (a request for it arrived); how many."""
         try:
-            directory = self.engine.journals.run_dir(thread_id, "x").parent
+            directory = self.services.journals.run_dir(thread_id, "x").parent
         except StoreError:
             return 0
         return self._scan_thread_dir(directory)
@@ -304,7 +315,7 @@ class Adoption:
     def run(self, thread_id: str, run_id: str) -> bool:
         """A reader met the run: adopt it if it is an orphan. Whether it has a live writer now."""
         try:
-            directory = self.engine.journals.run_dir(thread_id, run_id)
+            directory = self.services.journals.run_dir(thread_id, run_id)
         except StoreError:
             return False
         if not orphaned(directory):
@@ -320,7 +331,7 @@ class Adoption:
         the next process), or ``concluded``/``gone``."""
         if self._stopped:
             return "later"
-        writer = JournalWriter.claim(directory, self.engine.journals.buffer_bytes)
+        writer = JournalWriter.claim(directory, self.services.journals.buffer_bytes)
         if writer is None:
             return "alive" if writer_alive(directory) else "gone"
         try:
@@ -332,14 +343,14 @@ class Adoption:
             return "gone"
 
     def _take_over(self, directory: Path, writer: JournalWriter) -> str:
-        engine = self.engine
+        services = self.services
         last, ended, events = scan_run(directory)
         if ended or last == 0:
             writer.close()
             return "gone"
         meta = read_meta(directory) or {}
         thread_id, run_id = meta.get("threadId"), meta.get("runId")
-        language = str(meta.get("language") or engine.settings.default_language)
+        language = str(meta.get("language") or services.settings.default_language)
         if events and events[-1].get("type") in _TERMINAL:  # it ended, the end mark did not make it
             writer.end()
             return "concluded"
@@ -347,7 +358,7 @@ class Adoption:
             return self._conclude(writer, events, last, language, "no run.json")
         # the thread first (the dead process's lock went with it): a new turn racing this
         # adoption either finds the thread held, or holds it and the run cannot go on
-        run_lock = engine.store.try_lock_run(thread_id)
+        run_lock = services.store.try_lock_run(thread_id)
         if run_lock is None:
             return self._conclude(writer, events, last, language, "another run holds its thread")
         with self._lock:
@@ -373,13 +384,13 @@ class Adoption:
         language: str,
         run_lock: Any,
     ) -> str:
-        engine = self.engine
+        services = self.services
         session = next(
             (e.get("value") for e in events if e.get("type") == "CUSTOM" and e.get("name") == SESSION_EVENT), None
         )
         mode = Mode(meta.get("mode", "turn"))
         try:
-            record = engine.store.load(thread_id)
+            record = services.store.load(thread_id)
         except StoreError as exc:
             run_lock.release()
             writer.close()
@@ -396,19 +407,17 @@ class Adoption:
         ):  # a retired execution is still followed: the kernel's last state says how its run ended
             run_lock.release()
             return self._conclude(writer, events, last, language, "its execution is over or unknown")
-        if not engine.kernel.health(timeout=2.0):  # a kernel down is not a kernel that lost the task
+        if not services.kernel.health(timeout=2.0):  # a kernel down is not a kernel that lost the task
             run_lock.release()
             writer.close()
             log.warning("run %s: not adopted now: the kernel does not answer", run_id)
             return "later"
-        if not engine.take_run_slot():
+        if not self._slots.take():
             run_lock.release()
             writer.close()
             log.warning("run %s: not adopted now: no run slot free", run_id)
             return "later"
         try:
-            from agui_adapter.run.engine import Admission  # a cycle at import time otherwise
-
             props = IacCodeProps(
                 schema_version=1,
                 ros_invocation_id=str(meta.get("rosInvocationId") or execution.ros_invocation_id),
@@ -425,15 +434,15 @@ class Adoption:
                 mode=mode,
                 record=record,
                 language=language,
-                interrupt_ttl_seconds=engine.settings.interrupt_ttl_seconds,
+                interrupt_ttl_seconds=services.settings.interrupt_ttl_seconds,
                 adopted_events=events,
                 adopted_pipeline=read_pipeline_note(directory),
             )
-            driver = AdoptedDriver(engine, admission, machine, writer, last)
+            driver = AdoptedDriver(services, admission, machine, writer, last)
         except BaseException:
-            engine.give_run_slot()
+            self._slots.give()
             raise
-        engine.register_adopted(driver)
+        self._live.opened(driver, adopted=True)
         handed = (directory / "handed-over").exists()
         log.info(
             "run %s on thread %s adopted after event %d (%s)",

@@ -15,12 +15,18 @@ first write, ``close()`` asks the machine, ``client_gone``, and carries out its 
 the same way) and through ``release_now``, by which the cancel extension frees the
 thread at once even while this run's writer is blocked on a client that stopped reading.
 
+Where the run stands towards its client is one state (``lifecycle.Attach``: new, attached,
+detached, abandoned, shutting down, handing over, handed over, ended), moved only through
+``Lifecycle.move``, which checks the move; the machine's phase says where the run itself is.
+The driver sees the process through the narrow ``RunServices`` it is given (``services``),
+never through the engine.
+
 Every chunk the run writes (heartbeats aside) is also appended to the run's journal
 (``journal``), each event numbered by its SSE ``id``, so that a client can reattach; any
 number of readers follow the journal at once, the run's own client among them. When the
 client goes away and a disconnect grace period is set, or while other readers still follow
 the run, ``close()`` does not end the run: it goes on, on a thread of its own, into its
-journal, until it ends or nobody has been attached for the grace period (counted from the
+journal (``detached``), until it ends or nobody has been attached for the grace period (counted from the
 last reader leaving; the machine's ``abandoned``).
 
 At shutdown with ``--on-shutdown handover`` (``shut_down(hand_over=True)``), a run that did not
@@ -49,13 +55,12 @@ are its children; the span ends with the run.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from queue import Empty
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agui_adapter.kernel_client.a2a import FrameReader, KernelRejected, KernelUnavailable
 from agui_adapter.ops.logs import RUN_IDS
@@ -63,17 +68,19 @@ from agui_adapter.ops.tracing import NO_TRACE
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.errors import Code
 from agui_adapter.protocol.events import Event
+from agui_adapter.run import detached
 from agui_adapter.run import effects as fx
+from agui_adapter.run.admitted import Admission
+from agui_adapter.run.detached import DETACHED_TICK_SECONDS
 from agui_adapter.run.interrupts import rfc3339
+from agui_adapter.run.lifecycle import RUNNING, STOPPING, Attach, Lifecycle
 from agui_adapter.run.machine import RunMachine
 from agui_adapter.run.pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
+from agui_adapter.run.services import RunServices
 from agui_adapter.run.translation import BUSY_STATES, inspect_frame
 from agui_adapter.state.journal import JournalWriter
 from agui_adapter.state.record import Mutation, RetireExecution, RunEnded, StaleExecution
 from agui_adapter.state.store import StoreError
-
-if TYPE_CHECKING:
-    from agui_adapter.run.engine import Admission, RunEngine
 
 log = logging.getLogger("agui_adapter.run")
 
@@ -81,7 +88,6 @@ log = logging.getLogger("agui_adapter.run")
 #: detached, to see whether its grace period is over (heartbeats go every heartbeat_seconds).
 ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
-DETACHED_TICK_SECONDS = 0.25
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 #: Effects that start a kernel stream on a pump thread: starting that thread hands it the
@@ -94,13 +100,13 @@ class RunDriver:
 
     def __init__(
         self,
-        engine: RunEngine,
+        services: RunServices,
         admission: Admission,
         machine: RunMachine,
         client_gone: Callable[[], bool] | None = None,
     ) -> None:
-        self.engine = engine
-        self.kernel = engine.kernel
+        self.services = services
+        self.kernel = services.kernel
         self.thread_id = admission.thread_id
         self.run_id = admission.run_id
         self.machine = machine
@@ -109,41 +115,37 @@ class RunDriver:
         self._pump: KernelPump | None = None
         self._reader = FrameReader()
         self._body = self._stream()
-        self._shutdown = threading.Event()
-        self._hand_over = threading.Event()  # shutdown with --on-shutdown handover
-        self._handed_over = False
-        self._clock: Callable[[], float] = engine.clock
-        self._metrics = engine.metrics
+        self._life = Lifecycle()  # where the run stands towards its client (``lifecycle``)
+        self._clock: Callable[[], float] = services.clock
+        self._metrics = services.metrics
         self._ids = (self.thread_id, self.run_id)
         self._admitted = time.monotonic()
         self._mode = admission.run_mode
         self._trace = admission.trace if admission.trace is not None else NO_TRACE
         self._trace.set(mode=self._mode)
         self._first_event: float | None = None  # seconds from admission to the first event after RUN_STARTED
-        self._events = 0  # events encoded for the client
+        self._events = 0  # events encoded (the ids used)
+        self._unsent = 0  # events of the chunk just encoded, counted as sent when the client gets it
         self._bytes = 0  # bytes handed to the server (heartbeats included)
         self._finish: fx.Finish | None = None
         self._duration: float | None = None
-        self._summarized = False
+        self._summarized = False  # the run's summary line is logged once
         # reattach (``journal``): what was sent, who reads it, and the run without a reader
         self._journal: JournalWriter | None = None
-        self._began = False
         self._terminal_encoded = False
-        self._detached = False
-        self._abandon = threading.Event()
         # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)
         self._client_gone = client_gone
         self._watch = client_gone  # kept for ``hung_up_now`` once the stream stopped asking
         self._next_check = 0.0
         tick = WATCHED_TICK_SECONDS if client_gone is not None else ATTACHED_TICK_SECONDS
-        self._tick = min(tick, engine.settings.heartbeat_seconds)
+        self._tick = min(tick, services.settings.heartbeat_seconds)
 
     # ------------------------------------------------------------------ WSGI iterable
     def __iter__(self) -> RunDriver:
         return self
 
     def __next__(self) -> bytes:
-        self._began = True
+        self._life.move_if((Attach.NEW,), Attach.ATTACHED)
         token = RUN_IDS.set(self._ids)
         trace = self._trace.attach()
         try:
@@ -157,26 +159,37 @@ class RunDriver:
             self._trace.detach(trace)
             RUN_IDS.reset(token)
         if chunk is not ev.HEARTBEAT:
+            self._sent(self._unsent)
             self._journal_chunk(chunk)
         self._bytes += len(chunk)
         return chunk
+
+    def _sent(self, count: int) -> None:
+        """The events of a chunk handed to the client's server (counted per chunk)."""
+        self._unsent = 0
+        self._metrics.events_sent(count)
+        if self._first_event is None and self._events >= 2:  # the first event after RUN_STARTED
+            self._first_event = time.monotonic() - self._admitted
+            self._trace.first_event()
 
     def close(self) -> None:
         """End of the response: the client left, the server closed it, or the run is over.
         A live run whose client left goes on detached when a grace period is set or other
         readers follow it; else it ends here."""
+        if self._life.state is Attach.ENDED:
+            return
         token = RUN_IDS.set(self._ids)
         self._watch = self._client_gone = None  # the connection may serve other requests now
         trace = self._trace.attach()
         try:
-            if self._detachable():
+            if self._detachable() and self._life.move_if((Attach.ATTACHED,), Attach.DETACHED):
                 self._detach()
                 return
             try:
                 try:
                     self._body.close()
                 finally:
-                    if not self.machine.ended and not self._handed_over:
+                    if not self.machine.ended and self._life.state is not Attach.HANDED_OVER:
                         self._metrics.client_disconnected()
                         self._carry_out_quietly(self.machine.client_gone(self._clock()))
             finally:
@@ -188,13 +201,14 @@ class RunDriver:
     def _wind_up(self) -> None:
         """The run is over (or abandoned): stop the pump, end the journal, give the slot
         back, and sum the run up if its final chunk did not."""
+        self._life.move(Attach.ENDED)
         try:
             if self._pump is not None:
                 self._pump.stop()
             if self._journal is not None:
                 self._journal_end()
         finally:
-            self.engine.run_ended(self)
+            self.services.run_ended(self)
             if not self._summarized:  # abandoned: no final chunk was written
                 self._log_summary(self._bytes)
             finish = self._finish
@@ -210,15 +224,14 @@ class RunDriver:
     @property
     def client_attached(self) -> bool:
         """Whether the run's own client still reads it (a run without a journal)."""
-        return not self._detached
+        return self._life.state in (Attach.NEW, Attach.ATTACHED, Attach.SHUTTING_DOWN, Attach.HANDING_OVER)
 
     def shut_down(self, *, hand_over: bool = False) -> None:
         """From another thread: end the run now with its final event (``shutting_down``), or,
         with ``hand_over``, leave it running in the kernel: its stream closes without a
         terminal event and the next process adopts it (``adoption``)."""
-        if hand_over:
-            self._hand_over.set()
-        self._shutdown.set()
+        if not self._life.move_if(RUNNING, Attach.HANDING_OVER if hand_over else Attach.SHUTTING_DOWN):
+            return  # stopping already, or over
         pump = self._pump
         if pump is not None:
             pump.wake()
@@ -227,7 +240,7 @@ class RunDriver:
         """Hand-over: stop reading the kernel (its task goes on), give the thread back, then
         the journal (marked handed over, no end), in that order so that an adopter that
         takes the journal finds the thread free."""
-        self._handed_over = True
+        self._life.move(Attach.HANDED_OVER)
         if self._pump is not None:
             self._pump.stop()
         self._release()
@@ -238,29 +251,21 @@ class RunDriver:
 
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:
-        machine = self.machine
+        """The run's chunks: its start, then one per wake-up with something to write
+        (``_IDLE`` when nothing, a heartbeat after ``heartbeat_seconds`` of silence), until
+        the machine ends or the run is told to stop."""
         self._open_journal()
         out: list[Event] = []
-        yield from self._carry_out(machine.start(self._clock()), out)
+        yield from self._carry_out(self.machine.start(self._clock()), out)
         if out:
             yield self._encode(out)
-        heartbeat = self.engine.settings.heartbeat_seconds
+        heartbeat = self.services.settings.heartbeat_seconds
         last_write = time.monotonic()
-        while not machine.ended:
-            assert self._pump is not None
-            try:
-                items = self._pump.get(timeout=self._tick)
-            except Empty:
-                items = []
-            out = []
-            if self._hand_over.is_set() and self._journal is not None and machine.task_id:
-                self._leave_to_kernel()
-                return
-            if self._shutdown.is_set() or self._abandon.is_set():
-                now = self._clock()
-                effects = machine.shutting_down(now) if self._shutdown.is_set() else machine.abandoned(now)
-                yield from self._carry_out(effects, out)
-                yield self._encode(out)
+        while not self.machine.ended:
+            items = self._wait_for_kernel()
+            state = self._life.state
+            if state in STOPPING:
+                yield from self._stop(state)
                 return
             if not items:
                 if time.monotonic() - last_write < heartbeat:
@@ -269,44 +274,76 @@ class RunDriver:
                 last_write = time.monotonic()
                 yield ev.HEARTBEAT
                 continue
-            now = self._clock()
-            # The bytes of one wake-up are decoded together and the machine takes all their
-            # frames at once; anything else the pump queued is handled in its place.
-            frames: list[Any] = []
-            for item in items:
-                if type(item) is Chunk:
-                    frames += self._reader.feed(item.data)
-                    continue
-                if type(item) is StreamEnd:
-                    frames += self._reader.close()
-                if frames:
-                    yield from self._carry_out(machine.frames(frames, now), out)
-                    frames = []
-                    if machine.ended:
-                        break
-                if type(item) is StreamEnd:
-                    effects = machine.stream_ended(now)
-                elif type(item) is Rejected:
-                    effects = machine.kernel_rejected(item.error, now)
-                elif type(item) is Unavailable:
-                    effects = machine.kernel_unavailable(str(item.error), now)
-                else:  # Wake
-                    continue
-                yield from self._carry_out(effects, out)
-                if machine.ended:
-                    break
-            else:
-                if frames:
-                    effects = machine.frames(frames, now)
-                    if len(effects) == 1 and type(effects[0]) is fx.Emit:  # the common case: events only
-                        out.extend(effects[0].events)  # type: ignore[union-attr]
-                    else:
-                        yield from self._carry_out(effects, out)
+            out = []
+            yield from self._take(items, out)
             if out:
                 last_write = time.monotonic()
                 yield self._encode(out)
             else:
                 yield _IDLE  # woken for nothing to write: ``__next__`` looks at the client
+
+    def _wait_for_kernel(self) -> list[Any]:
+        """What the kernel pump queued, after a tick at most."""
+        assert self._pump is not None
+        try:
+            return self._pump.get(timeout=self._tick)
+        except Empty:
+            return []
+
+    def _stop(self, state: Attach) -> Iterator[bytes]:
+        """The run was told to stop: left to the kernel (a hand-over, once the run has a task
+        and a journal to adopt it from), else ended with its final events."""
+        if state is Attach.HANDING_OVER and self._journal is not None and self.machine.task_id:
+            self._leave_to_kernel()
+            return
+        now = self._clock()
+        effects = self.machine.abandoned(now) if state is Attach.ABANDONED else self.machine.shutting_down(now)
+        out: list[Event] = []
+        yield from self._carry_out(effects, out)
+        yield self._encode(out)
+
+    def _take(self, items: list[Any], out: list[Event]) -> Iterator[bytes]:
+        """What the pump queued in one wake-up: the bytes are decoded together and the machine
+        takes all their frames at once; anything else queued is handled in its place."""
+        machine = self.machine
+        now = self._clock()
+        frames: list[Any] = []
+        for item in items:
+            match item:
+                case Chunk(data=data):
+                    frames += self._reader.feed(data)
+                    continue
+                case StreamEnd():
+                    frames += self._reader.close()
+            if frames:
+                yield from self._carry_out(machine.frames(frames, now), out)
+                frames = []
+                if machine.ended:
+                    return
+            effects = self._on_item(item, now)
+            if effects is None:
+                continue
+            yield from self._carry_out(effects, out)
+            if machine.ended:
+                return
+        if frames:
+            effects = machine.frames(frames, now)
+            if len(effects) == 1 and type(effects[0]) is fx.Emit:  # the common case: events only
+                out.extend(effects[0].events)  # type: ignore[union-attr]
+            else:
+                yield from self._carry_out(effects, out)
+
+    def _on_item(self, item: Any, now: float) -> list[fx.Effect] | None:
+        """What the machine makes of a queued item other than bytes (None: a wake-up only)."""
+        match item:
+            case StreamEnd():
+                return self.machine.stream_ended(now)
+            case Rejected(error=error):
+                return self.machine.kernel_rejected(error, now)
+            case Unavailable(error=error):
+                return self.machine.kernel_unavailable(str(error), now)
+            case _:  # Wake
+                return None
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order; events go to ``out`` (written by the caller), except
@@ -325,16 +362,12 @@ class RunDriver:
             effects = self.machine.replied(reply, self._clock()) if reply is not None else []
 
     def _encode(self, out: list[Event], *, to_client: bool = True) -> bytes:
-        """One chunk of events with their ids, counted as sent (per chunk, not per event)
-        unless it is only for the journal (``to_client`` false, or the run detached)."""
+        """One chunk of events with their ids; counted as sent when ``__next__`` hands it to
+        the client's server, unless it is only for the journal (``to_client`` false)."""
         count = len(out)
         before = self._events
         self._events = before + count
-        if to_client and not self._detached:
-            self._metrics.events_sent(count)
-            if before < 2 <= self._events:  # the first event after RUN_STARTED
-                self._first_event = time.monotonic() - self._admitted
-                self._trace.first_event()
+        self._unsent = count if to_client else 0
         chunk = ev.encode_many(out, before + 1)
         if out and out[-1]["type"] in _TERMINAL:
             self._terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
@@ -369,7 +402,7 @@ class RunDriver:
             "pipelineName": props.pipeline_name,
         }
         try:
-            self._journal = self.engine.journals.open_writer(self.thread_id, self.run_id, meta)
+            self._journal = self.services.journals.open_writer(self.thread_id, self.run_id, meta)
         except OSError as exc:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
 
@@ -417,16 +450,15 @@ class RunDriver:
 
     def _detachable(self) -> bool:
         """Whether the run goes on without its own client (which leaves the readers here)."""
-        if not (self._began and not self.machine.ended and not self._shutdown.is_set() and self._journal):
+        if self._life.state is not Attach.ATTACHED or self.machine.ended or not self._journal:
             return False
+        grace = self.services.settings.disconnect_grace_seconds
         try:
             self._journal.client_left()
-            if self.engine.settings.disconnect_grace_seconds > 0:
-                return True
-            return self._journal.readers() > 0
+            return grace > 0 or self._journal.readers() > 0
         except OSError as exc:
             log.warning("run %s: journal readers: %s", self.run_id, exc)
-            return self.engine.settings.disconnect_grace_seconds > 0
+            return grace > 0
 
     def _detach(self) -> None:
         """The run goes on without its client, on a thread of its own, into its journal."""
@@ -434,101 +466,92 @@ class RunDriver:
         log.info(
             "run %s: the client went away; the run goes on while readers follow it, and %gs after the last left",
             self.run_id,
-            self.engine.settings.disconnect_grace_seconds,
+            self.services.settings.disconnect_grace_seconds,
         )
-        self._detached = True
         self._metrics.run_detached()
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
-        context = contextvars.copy_context()  # the request's id stays on the run's log lines
-        thread = threading.Thread(
-            target=context.run, args=(self._go_on_detached,), name=f"detached-{self.run_id[:16]}", daemon=True
-        )
-        thread.start()
+        detached.start(self._go_on_detached, f"detached-{self.run_id[:16]}")
 
     def grace_seconds(self) -> float:
         """How long the run goes on with nobody attached (``--disconnect-grace-seconds``)."""
-        return self.engine.settings.disconnect_grace_seconds
+        return self.services.settings.disconnect_grace_seconds
 
     def _go_on_detached(self) -> None:
-        """Read the kernel into the journal until the run ends, or until nobody has been
-        attached for the grace period (then the machine's ``abandoned``); with no grace
-        period, until the last reader leaves."""
+        """The detached run's thread (``detached.go_on``)."""
         token = RUN_IDS.set(self._ids)
-        grace = self.grace_seconds()
-        unattended_since: float | None = None
-        next_check = 0.0
         try:
-            for chunk in self._body:
-                if chunk and chunk is not ev.HEARTBEAT:
-                    self._journal_chunk(chunk)
-                now = time.monotonic()
-                if self.machine.ended or self._abandon.is_set() or now < next_check:
-                    continue
-                next_check = now + DETACHED_TICK_SECONDS
-                journal = self._journal
-                try:
-                    followed = journal is not None and journal.readers() > 0
-                except OSError:
-                    followed = False
-                if followed:
-                    unattended_since = None
-                    continue
-                if unattended_since is None:
-                    unattended_since = now
-                if now - unattended_since >= grace:
-                    log.info("run %s: nobody reattached within %gs; ending it", self.run_id, grace)
-                    self._abandon.set()
-                    if self._pump is not None:
-                        self._pump.wake()
-        except Exception:  # noqa: BLE001 - a detached run must still end cleanly
-            log.exception("run %s: the detached run failed", self.run_id)
+            detached.go_on(self, self.grace_seconds(), self.services.monotonic)
         finally:
-            try:
-                if not self.machine.ended and not self._handed_over:
-                    self._carry_out_quietly(self.machine.client_gone(self._clock()))
-            finally:
-                self._metrics.detached_run_ended()
-                self._wind_up()
-                RUN_IDS.reset(token)
+            RUN_IDS.reset(token)
+
+    # ------------------------------------------------------------------ detached.DetachedRun
+    def chunks(self) -> Iterator[bytes]:
+        return self._body
+
+    def journal_chunk(self, chunk: bytes) -> None:
+        self._journal_chunk(chunk)
+
+    def going_on(self) -> bool:
+        return self._life.state is Attach.DETACHED and not self.machine.ended
+
+    def followed(self) -> bool:
+        journal = self._journal
+        try:
+            return journal is not None and journal.readers() > 0
+        except OSError:
+            return False
+
+    def abandon(self) -> None:
+        if self._life.move_if((Attach.DETACHED,), Attach.ABANDONED) and self._pump is not None:
+            self._pump.wake()
+
+    def wind_up_detached(self) -> None:
+        try:
+            if not self.machine.ended and self._life.state is not Attach.HANDED_OVER:
+                self._carry_out_quietly(self.machine.client_gone(self._clock()))
+        finally:
+            self._metrics.detached_run_ended()
+            self._wind_up()
 
     # ------------------------------------------------------------------ effects
     def _perform(self, effect: fx.Effect) -> fx.Reply | None:
-        if isinstance(effect, fx.Persist):
-            return self._persist(effect)
-        if isinstance(effect, fx.SendStreaming):
-            message = effect.message
-            self._open(lambda: self.kernel.send_streaming_message(message))
-        elif isinstance(effect, fx.Follow):
-            task_id = effect.task_id
-            self._open(lambda: self.kernel.follow(task_id))
-        elif isinstance(effect, fx.RestoreSession):
-            return self._ask(lambda: self.kernel.ensure_restored(effect.cwd, effect.session_id, effect.task_id))
-        elif isinstance(effect, fx.GetTask):
-            return self._ask(lambda: (200, self.kernel.get_task(effect.task_id)))
-        elif isinstance(effect, fx.FetchPipelineState):
-            return self._ask(lambda: self.kernel.pipeline_state(effect.params))
-        elif isinstance(effect, fx.SendMessage):
-            return self._ask(lambda: (200, self.kernel.send_message(effect.message)))
-        elif isinstance(effect, fx.StopTask):
-            return self._ask(lambda: (200, self._stop_task(effect.task_id)))
-        elif isinstance(effect, fx.CancelTask):
-            self.engine.cancel_task_quietly(effect.task_id)
-        elif isinstance(effect, fx.CancelWhenKnown):
-            if self._pump is not None:
-                self._pump.cancel_when_known(self._retire_later(effect.execution_id))
-        elif isinstance(effect, fx.StopStream):
-            if self._pump is not None:
-                self._pump.stop()
-        elif isinstance(effect, fx.ReleaseThread):
-            self._release()
-        elif isinstance(effect, fx.Finish):
-            self._finish = effect
-            self._duration = time.monotonic() - self._admitted
-            self._metrics.run_finished(
-                effect.outcome.value, effect.code, self._duration, self._mode, self._first_event
-            )
-            self._record_end(effect)
+        kernel = self.kernel
+        match effect:
+            case fx.Persist():
+                return self._persist(effect)
+            case fx.SendStreaming(message=message):
+                self._open(lambda: kernel.send_streaming_message(message))
+            case fx.Follow(task_id=task_id):
+                self._open(lambda: kernel.follow(task_id))
+            case fx.RestoreSession(cwd=cwd, session_id=session_id, task_id=task_id):
+                return self._ask(lambda: kernel.ensure_restored(cwd, session_id, task_id))
+            case fx.GetTask(task_id=task_id):
+                return self._ask(lambda: (200, kernel.get_task(task_id)))
+            case fx.FetchPipelineState(params=params):
+                return self._ask(lambda: kernel.pipeline_state(params))
+            case fx.SendMessage(message=message):
+                return self._ask(lambda: (200, kernel.send_message(message)))
+            case fx.StopTask(task_id=task_id):
+                return self._ask(lambda: (200, self._stop_task(task_id)))
+            case fx.CancelTask(task_id=task_id):
+                self.services.cancel_task_quietly(task_id)
+            case fx.CancelWhenKnown(execution_id=execution_id):
+                if self._pump is not None:
+                    self._pump.cancel_when_known(self._retire_later(execution_id))
+            case fx.StopStream():
+                if self._pump is not None:
+                    self._pump.stop()
+            case fx.ReleaseThread():
+                self._release()
+            case fx.Finish():
+                self._finished(effect)
         return None
+
+    def _finished(self, finish: fx.Finish) -> None:
+        self._finish = finish
+        self._duration = time.monotonic() - self._admitted
+        self._metrics.run_finished(finish.outcome.value, finish.code, self._duration, self._mode, self._first_event)
+        self._record_end(finish)
 
     def _record_end(self, finish: fx.Finish) -> None:
         """The run's outcome in the thread's recent runs (``GET /threads/{threadId}``), written
@@ -570,7 +593,7 @@ class RunDriver:
 
     def _persist(self, effect: fx.Persist) -> fx.Reply | None:
         try:
-            record = self.engine.store.update(self.thread_id, effect.mutation)
+            record = self.services.store.update(self.thread_id, effect.mutation)
             if record is None:
                 raise StoreError("the thread state disappeared")
         except (StoreError, StaleExecution) as exc:
@@ -593,8 +616,8 @@ class RunDriver:
     def _stop_task(self, task_id: str) -> object:
         """Cancel a task and wait until the kernel reports it no longer working (ended, or
         waiting for input, which does not block a new turn); its last snapshot."""
-        self.engine.cancel_task_quietly(task_id)
-        deadline = time.monotonic() + self.engine.settings.stale_task_timeout_seconds
+        self.services.cancel_task_quietly(task_id)
+        deadline = time.monotonic() + self.services.settings.stale_task_timeout_seconds
         while True:
             task = self.kernel.get_task(task_id)
             if inspect_frame({"result": task}).state not in BUSY_STATES or time.monotonic() >= deadline:
@@ -607,18 +630,18 @@ class RunDriver:
         self._reader = FrameReader()
         self._pump = KernelPump(open_stream, name=f"kernel-pump-{self.run_id[:16]}")
         self._pump.start()
-        if self._shutdown.is_set():
+        if self._life.state in STOPPING:
             self._pump.wake()
 
     def _retire_later(self, execution_id: str) -> Callable[[str], None]:
         """For an abandoned stream whose task id only the reader will learn."""
-        engine, thread_id = self.engine, self.thread_id
+        services, thread_id = self.services, self.thread_id
 
         def cancel_and_retire(task_id: str) -> None:
-            engine.cancel_task_quietly(task_id)
+            services.cancel_task_quietly(task_id)
             mutation: Mutation = RetireExecution(execution_id, task_id=task_id)
             try:
-                engine.store.update(thread_id, mutation)
+                services.store.update(thread_id, mutation)
             except StoreError as exc:
                 log.warning("thread %s: could not retire an abandoned execution: %s", thread_id, exc)
 

@@ -93,6 +93,7 @@ from agui_adapter.run.effects import (
     StopTask,
 )
 from agui_adapter.run.pipeline_progress import PipelineProgress
+from agui_adapter.run.task_lost import refusal_says_lost
 from agui_adapter.run.translation import (
     BUSY_STATES,
     FAILURE_STATES,
@@ -298,7 +299,7 @@ class RunMachine:
         self._clock(now)
         if self.ended:
             return []
-        if self.adopted and error.rpc_code == -32001:  # the kernel no longer has the task
+        if self.adopted and refusal_says_lost(error.rpc_code):  # the kernel no longer has the task
             self._fail(self._lose(msg.RUN_PROCESS_GONE))
             return self._take()
         self._fail(self._rejection(error))
@@ -784,7 +785,7 @@ class RunMachine:
 
     def _on_task(self, reply: Reply) -> None:
         if isinstance(reply, KernelRefused):
-            if reply.error.rpc_code == -32001:
+            if refusal_says_lost(reply.error.rpc_code):
                 raise self._lose(msg.RESUME_TASK_UNAVAILABLE)
             raise AguiError(Code.A2A_UNAVAILABLE, msg.A2A_UNAVAILABLE)
         if not isinstance(reply, KernelAnswer):

@@ -13,14 +13,13 @@ stream checks (``joined``: the pieces make exactly one valid run).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import requests
 
 from tests.support.agui_client import LiveStream, joined, run_body
-from tests.support.flow import cancelled_tasks, wait_for
+from tests.support.flow import FakeMonotonic, cancelled_tasks, wait_for
 
 
 def readers(adapter: Any, body: dict[str, Any]) -> int:
@@ -76,7 +75,8 @@ def test_one_reader_leaves_the_others_go_on_and_the_run_is_not_cancelled(
 def test_the_grace_period_starts_when_the_last_reader_leaves(
     make_adapter: Any, scripted_kernel: Any, workspace: Path
 ) -> None:
-    adapter = make_adapter(disconnect_grace_seconds=1, heartbeat_seconds=0.3)
+    clock = FakeMonotonic()  # the grace period's clock: moved by the test, never waited for
+    adapter = make_adapter(monotonic=clock, disconnect_grace_seconds=1, heartbeat_seconds=0.3)
     client = adapter.client()
     body = run_body("[SILENT 400] wait", cwd=str(workspace))
     own = LiveStream(client, body)
@@ -88,12 +88,17 @@ def test_the_grace_period_starts_when_the_last_reader_leaves(
     own.close()
     first.close()
     wait_for(lambda: readers(adapter, body) == 1, 5)
-    time.sleep(1.5)  # longer than the grace period, with one reader left
+    clock.advance(60)  # far longer than the grace period, with one reader left
+    clock.looked_at_twice()  # the detached run looked since
     assert task_id not in cancelled_tasks(scripted_kernel)
     second.close()
-    left = time.monotonic()
+    wait_for(lambda: readers(adapter, body) == 0, 5)
+    clock.looked_at_twice()  # it saw nobody: the grace period starts now
+    clock.advance(0.9)
+    clock.looked_at_twice()
+    assert task_id not in cancelled_tasks(scripted_kernel)  # the grace period, counted from the last reader leaving
+    clock.advance(0.2)
     wait_for(lambda: task_id in cancelled_tasks(scripted_kernel), 10)
-    assert time.monotonic() - left >= 0.9  # the grace period, counted from the last reader leaving
     rest = client.events(body["threadId"], body["runId"], seen[-1][0]).rest()
     events = joined(seen, rest)
     assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "CANCELLED"

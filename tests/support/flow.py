@@ -4,12 +4,14 @@
 fixture); ``kernel_calls`` reads that kernel's request log (``cancelled_tasks``: the tasks it
 was asked to cancel); ``interrupted`` runs a turn that the scripted kernel ends with a
 permission interrupt (its ``[WRITE]`` script); ``detached_runs`` reads ``agui_runs_detached``
-(a run that went on without its client); ``wait_for`` polls a condition; ``FakeClock``
-is a wall clock a test moves forward (interrupt expiry without waiting).
+(a run that went on without its client); ``wait_for`` polls a condition, ``holds_for``
+that one stays true; ``FakeClock`` is a wall clock a test moves forward (interrupt expiry
+without waiting), ``FakeMonotonic`` the runs' monotonic clock (their grace period).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,3 +75,37 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class FakeMonotonic:
+    """A monotonic clock (``time.monotonic`` stand-in, the runs' grace period) that moves
+    only when told to, and counts its reads, so that a test waits until the code looked."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.reads += 1
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def looked_at_twice(self, timeout: float = 10.0) -> None:
+        """Wait until the clock was read twice more: a look that began before this call
+        ended, and one more began after it."""
+        start = self.reads
+        wait_for(lambda: self.reads >= start + 2, timeout)
+
+
+def holds_for(predicate: Callable[[], object], seconds: float) -> bool:
+    """Whether ``predicate`` stays true for ``seconds`` (polled; False as soon as it is not)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(0.05)
+    return bool(predicate())

@@ -31,10 +31,16 @@ ROOT = Path(__file__).resolve().parents[2]
 class InProcessAdapter:
     """The adapter app served on a real loopback socket by the built-in threaded server."""
 
-    def __init__(self, settings: Settings, kernel: KernelProcess, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        kernel: KernelProcess,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self.kernel = kernel
-        self.app = build_app(settings, kernel, clock=clock)
+        self.app = build_app(settings, kernel, clock=clock, monotonic=monotonic)
         self.server = WSGIServer("127.0.0.1", 0, self.app, server_limits(settings))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
