@@ -59,7 +59,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from agui_adapter.kernel_client.a2a import KernelRejected
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.errors import AguiError, Code, clip_detail
@@ -80,6 +79,7 @@ from agui_adapter.run.effects import (
     GetTask,
     KernelAnswer,
     KernelRefused,
+    KernelRejected,
     Mode,
     Outcome,
     Persist,
