@@ -16,15 +16,13 @@ flag kept beside it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from agui_adapter.protocol.errors import AguiError
-
-if TYPE_CHECKING:
-    from agui_adapter.run.effects import Effect
-    from agui_adapter.state.record import PendingInterrupt, RecordIds
+from agui_adapter.protocol.events import Event
+from agui_adapter.run.effects import Effect, Emit
+from agui_adapter.state.record import PendingInterrupt, RecordIds
 
 
 class Phase(enum.Enum):
@@ -107,7 +105,7 @@ TAKES: Mapping[Input, frozenset[Phase]] = {
 
 #: The phases that may follow each phase. Every phase but ENDED may end (a failure, the
 #: client gone, the adapter stopping); ENDED is final.
-_ANSWER_SENT = {P.SENDING_SIDEBAND, P.ANSWERING, P.STREAMING}  # sideband first, then streams, then follow
+_ANSWERS = {P.SENDING_SIDEBAND, P.ANSWERING}  # a Resume has one answer at least: sideband ones first
 _STREAM_END = {P.FILLING_GAPS, P.FILLING_GAPS_BEFORE_INTERRUPT, P.COMMITTING_INTERRUPTS}
 MOVES: Mapping[Phase, frozenset[Phase]] = {
     phase: frozenset(nexts | ({P.ENDED} if phase is not P.ENDED else set()))
@@ -115,10 +113,10 @@ MOVES: Mapping[Phase, frozenset[Phase]] = {
         P.READY: {P.STOPPING_STALE_TASK, P.STREAMING, P.GUIDING, P.RESTORING_SESSION, P.CHECKING_TASK, P.RECONCILING},
         P.STOPPING_STALE_TASK: {P.STREAMING},
         P.RESTORING_SESSION: {P.CHECKING_TASK},
-        P.CHECKING_TASK: {P.RECOVERING_PIPELINE, *_ANSWER_SENT},
-        P.RECOVERING_PIPELINE: _ANSWER_SENT,
+        P.CHECKING_TASK: {P.RECOVERING_PIPELINE, *_ANSWERS},
+        P.RECOVERING_PIPELINE: _ANSWERS,
         P.SENDING_SIDEBAND: {P.ACCEPTING_ANSWER},
-        P.ACCEPTING_ANSWER: _ANSWER_SENT,
+        P.ACCEPTING_ANSWER: {*_ANSWERS, P.STREAMING},  # the next answer; or read on (only sideband ones: follow)
         P.STREAMING: {P.RECORDING_IDS, P.ANSWERING, *_STREAM_END},
         P.RECONCILING: {P.STREAMING, P.RECORDING_IDS, *_STREAM_END},
         P.ANSWERING: {P.RECORDING_IDS, P.ACCEPTING_ANSWER},
@@ -177,3 +175,16 @@ class Failure(Exception):
         super().__init__(error.code)
         self.error = error
         self.effects = effects or []
+
+
+def after(events: list[Event], then: Callable[[], Move]) -> Move:
+    """The events first, then the move ``then`` decides (or the failure it raises, after them)."""
+    try:
+        move = then()
+    except AguiError as err:
+        raise Failure(err, [Emit(events)]) from None
+    except Failure as failure:
+        failure.effects.insert(0, Emit(events))
+        raise
+    move.effects.insert(0, Emit(events))
+    return move
