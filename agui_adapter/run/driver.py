@@ -85,9 +85,6 @@ WATCHED_TICK_SECONDS = 0.2
 DETACHED_TICK_SECONDS = 0.25
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
-#: Effects that start a kernel stream on a pump thread: starting that thread hands it the
-#: GIL while it makes the call, so what is decided (RUN_STARTED) is written first.
-_STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
 
 
 class RunDriver:

@@ -10,7 +10,8 @@ so is what becomes of the events (``emit``); the loop does no I/O.
 The loop yields each effect that may take a while (a disk write, a kernel call, a kernel
 stream to open) just before performing it, so that the caller can first write the events
 already decided (the driver writes RUN_STARTED before a Resume's checks, and a run's last
-deltas before the write that records its end).
+deltas before the write that records its end). A stream opens on the pump's thread, and
+starting that thread hands it the GIL while it makes the call: what is decided goes first.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ of turn, or a decision that would break the contract's order, fails loudly inste
 going on in a state nobody wrote down. The same shape as h11's ``_state.py``.
 
 What a phase needs to know to go on ("where to go after this write", "the interrupts to
-commit after the gaps are filled") is data carried on the move (``IdsWrite``,
-``InterruptsToCommit``), set together with the phase and cleared by the next move, never a
-flag kept beside it.
+commit after the gaps are filled", "the phase the run ended in") is data carried on the move
+(``IdsWrite``, ``InterruptsToCommit``, ``Ended``), set together with the phase and replaced by
+the next move, never a flag kept beside it. A decision is a ``Move`` (its effects, then its
+phase) or a raised ``Failure`` (the effects before the end, and the error).
 """
 
 from __future__ import annotations

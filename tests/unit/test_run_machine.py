@@ -25,6 +25,7 @@ from agui_adapter.protocol.validation import validate_run_input
 from agui_adapter.run import driver as run_driver
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run import loop as run_loop
+from agui_adapter.run import machine as machine_module
 from agui_adapter.run.effects import (
     CancelTask,
     CancelWhenKnown,
@@ -684,6 +685,10 @@ def test_a_move_the_table_does_not_list_raises_naming_the_phase_and_the_input(mo
     assert machine.phase is Phase.READY
 
 
+def test_every_phase_that_waits_for_a_reply_knows_what_the_reply_means() -> None:
+    assert set(machine_module._REPLY_HANDLERS) == TAKES[Input.REPLIED]
+
+
 def test_the_bench_and_the_driver_carry_effects_out_with_the_same_loop() -> None:
     assert carry_out is run_loop.carry_out and run_driver.carry_out is run_loop.carry_out
     for method in (Bench.feed, run_driver.RunDriver._carry_out, run_driver.RunDriver._carry_out_quietly):
@@ -740,6 +745,10 @@ def adopted_scenarios() -> None:
     machine, bench = adopted(record_for("ctx-1", task_id="task-1"))
     bench.feed(machine.frames([status("TASK_STATE_WORKING")], NOW))  # names the session: written first
     assert bench.mutations(RecordIds) and machine.phase is Phase.STREAMING and not machine.reconciling
+    machine, bench = adopted(record_for("ctx-1", task_id="task-1"))
+    bench.feed(machine.kernel_rejected(KernelRejected({"code": -32001, "message": "Task not found"}), NOW))
+    assert machine.ended and machine.reconciling  # settling until the thread is given back (``adoption``)
+    assert bench.finish.code == Code.EXECUTION_LOST
     for pipeline in (None, {"highWater": 3}):
         machine, bench = adopted(record_for("ctx-1", task_id="task-1"), pipeline)
         bench.feed(machine.stream_ended(NOW))
