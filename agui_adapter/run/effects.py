@@ -1,11 +1,12 @@
 """What the run machine asks for, and what it is told back (plain values, no behaviour).
 
-``run_machine`` decides; ``run_driver`` carries out. Between them travel only these
+``run.machine`` decides; ``run.driver`` carries out. Between them travel only these
 values: *effects* (emit these events, apply this store mutation, call the kernel,
 release the thread, the run is over) and *replies* to the effects that need one (the
-store write succeeded or failed, the kernel answered, refused, or was unreachable).
-An effect that needs a reply is always the last of the batch it arrives in; the
-driver carries it out at once and feeds the reply back before anything else.
+store write succeeded or failed, the kernel answered, refused (``KernelRejected``, which
+the kernel client raises), or was unreachable). An effect that needs a reply is always
+the last of the batch it arrives in; the driver carries it out at once and feeds the
+reply back before anything else (``run.loop``).
 """
 
 from __future__ import annotations

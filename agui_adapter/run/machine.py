@@ -90,7 +90,7 @@ from agui_adapter.run.effects import (
     SendStreaming,
     StopTask,
 )
-from agui_adapter.run.identity import Lost, run_tag
+from agui_adapter.run.identity import Lost
 from agui_adapter.run.transitions import (
     MOVES,
     READING,
@@ -109,7 +109,7 @@ from agui_adapter.state.record import RecordIds, ThreadRecord
 
 log = logging.getLogger("agui_adapter.run")
 
-__all__ = ["IllegalMove", "Phase", "RunMachine", "run_tag"]
+__all__ = ["IllegalMove", "Phase", "RunMachine"]
 
 # The phases the frame path compares with, as plain names: it runs once per kernel frame,
 # and looking an enum member up on its class is slow on Python 3.11.
