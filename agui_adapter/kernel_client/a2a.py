@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from agui_adapter.http.rules import ChunkedDecoder
 from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
 from agui_adapter.kernel_client.sse import SSEDecoder
+from agui_adapter.run.effects import KernelRejected  # a pure value: the run machine takes it too
 
 
 def _first_batch(text: str) -> Any:
@@ -70,23 +71,6 @@ class KernelUnavailable(Exception):
     def __init__(self, message: str, kind: str = "connection") -> None:
         super().__init__(message)
         self.kind = kind
-
-
-class KernelRejected(Exception):
-    """The kernel answered with a JSON-RPC error object."""
-
-    kind = "rejected"
-
-    def __init__(self, error: dict[str, Any]) -> None:
-        self.error = error if isinstance(error, dict) else {}
-        message = self.error.get("message")
-        self.detail = message if isinstance(message, str) else "JSON-RPC error"
-        self.rpc_code = self.error.get("code")
-        super().__init__(f"{self.rpc_code}: {self.detail}")
-
-    @property
-    def data(self) -> Any:
-        return self.error.get("data")
 
 
 def check_kernel_url(url: str, *, allow_remote: bool) -> str:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agui_adapter.run.machine import run_tag
+from agui_adapter.run.identity import run_tag
 from agui_adapter.run.translation import mint_id
 from agui_adapter.state.record import RunEntry
 

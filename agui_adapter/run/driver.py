@@ -74,6 +74,7 @@ from agui_adapter.run.admitted import Admission
 from agui_adapter.run.detached import DETACHED_TICK_SECONDS
 from agui_adapter.run.interrupts import rfc3339
 from agui_adapter.run.lifecycle import RUNNING, STOPPING, Attach, Lifecycle
+from agui_adapter.run.loop import carry_out
 from agui_adapter.run.machine import RunMachine
 from agui_adapter.run.pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
 from agui_adapter.run.services import RunServices
@@ -90,9 +91,6 @@ ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
-#: Effects that start a kernel stream on a pump thread: starting that thread hands it the
-#: GIL while it makes the call, so what is decided (RUN_STARTED) is written first.
-_STREAM_OPENERS = (fx.SendStreaming, fx.Follow)
 
 
 class RunDriver:
@@ -346,20 +344,12 @@ class RunDriver:
                 return None
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
-        """Perform effects in order; events go to ``out`` (written by the caller), except
-        that what is already decided is written before a disk write or a kernel call."""
-        while effects:
-            reply: fx.Reply | None = None
-            for effect in effects:
-                kind = type(effect)
-                if kind is fx.Emit:
-                    out.extend(effect.events)  # type: ignore[union-attr]
-                    continue
-                if out and (kind is fx.Persist or kind in fx.KERNEL_REQUESTS or kind in _STREAM_OPENERS):
-                    yield self._encode(out)  # what is decided goes out before a disk write or a kernel call
-                    out.clear()
-                reply = self._perform(effect)
-            effects = self.machine.replied(reply, self._clock()) if reply is not None else []
+        """Perform effects in order (``run.loop``); events go to ``out`` (written by the caller),
+        except that what is already decided is written before a disk write or a kernel call."""
+        for _request in carry_out(self.machine, effects, self._perform, out.extend, self._clock):
+            if out:
+                yield self._encode(out)
+                out.clear()
 
     def _encode(self, out: list[Event], *, to_client: bool = True) -> bytes:
         """One chunk of events with their ids; counted as sent when ``__next__`` hands it to
@@ -376,14 +366,11 @@ class RunDriver:
         return chunk
 
     def _carry_out_quietly(self, effects: list[fx.Effect]) -> None:
-        """Effects of a run nobody reads any more: no requests; its events only go to its
-        journal (a reattach within the retention time replays them)."""
+        """Effects of a run nobody reads any more (``run.loop``; an ended run asks nothing):
+        its events only go to its journal (a reattach within the retention time replays them)."""
         out: list[Event] = []
-        for effect in effects:
-            if type(effect) is fx.Emit:
-                out.extend(effect.events)  # type: ignore[union-attr]
-            else:
-                self._perform(effect)
+        for _request in carry_out(self.machine, effects, self._perform, out.extend, self._clock):
+            pass
         if out:
             self._journal_chunk(self._encode(out, to_client=False))
 

@@ -1,11 +1,12 @@
 """What the run machine asks for, and what it is told back (plain values, no behaviour).
 
-``run_machine`` decides; ``run_driver`` carries out. Between them travel only these
+``run.machine`` decides; ``run.driver`` carries out. Between them travel only these
 values: *effects* (emit these events, apply this store mutation, call the kernel,
 release the thread, the run is over) and *replies* to the effects that need one (the
-store write succeeded or failed, the kernel answered, refused, or was unreachable).
-An effect that needs a reply is always the last of the batch it arrives in; the
-driver carries it out at once and feeds the reply back before anything else.
+store write succeeded or failed, the kernel answered, refused (``KernelRejected``, which
+the kernel client raises), or was unreachable). An effect that needs a reply is always
+the last of the batch it arrives in; the driver carries it out at once and feeds the
+reply back before anything else (``run.loop``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from agui_adapter.kernel_client.a2a import KernelRejected
 from agui_adapter.protocol.events import Event
 from agui_adapter.state.record import Mutation, ThreadRecord
 
@@ -168,6 +168,26 @@ KERNEL_REQUESTS = (StopTask, RestoreSession, GetTask, FetchPipelineState, SendMe
 
 
 # ====================================================================== replies
+class KernelRejected(Exception):
+    """The kernel answered with a JSON-RPC error object.
+
+    A plain value the machine reads (``rpc_code``, ``detail``, ``data``); defined here, in the
+    pure layer, and raised by the kernel client (``kernel_client.a2a`` re-exports it)."""
+
+    kind = "rejected"
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = error if isinstance(error, dict) else {}
+        message = self.error.get("message")
+        self.detail = message if isinstance(message, str) else "JSON-RPC error"
+        self.rpc_code = self.error.get("code")
+        super().__init__(f"{self.rpc_code}: {self.detail}")
+
+    @property
+    def data(self) -> Any:
+        return self.error.get("data")
+
+
 @dataclass(slots=True)
 class Persisted:
     """The mutation was applied; ``record`` is the thread record as written."""

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
 from agui_adapter.protocol import catalog as msg
+from agui_adapter.protocol.errors import AguiError, Code
 from agui_adapter.protocol.i18n import translate
+from agui_adapter.state.record import PendingInterrupt
+
+log = logging.getLogger("agui_adapter.run")
 
 INPUT_FIELDS = (
     "schemaVersion",
@@ -304,3 +309,35 @@ def answer_text(kernel_input: dict[str, Any], payload: Any) -> str | None:
             if option["id"] == selected:
                 return option["label"]
     return None
+
+
+def pending_interrupts(
+    inputs: list[dict[str, Any]],
+    run_id: str,
+    *,
+    task_id: str | None,
+    context_id: str,
+    expires_at: str,
+    language: str,
+    sideband_ids: set[str],
+) -> dict[str, PendingInterrupt]:
+    """The kernel's inputs as the run's pending interrupts (``PendingInterrupt`` by input id),
+    ready to commit; an input of another task or context is a protocol error."""
+    pending: dict[str, PendingInterrupt] = {}
+    for kernel_input in inputs:
+        input_id = kernel_input.get("inputId")
+        if not isinstance(input_id, str) or not input_id:
+            log.warning("run %s: ignoring a kernel input without inputId", run_id)
+            continue
+        request_task = kernel_input.get("requestTaskId")
+        if request_task and request_task != task_id:
+            raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.INTERRUPT_OTHER_TASK)
+        context = kernel_input.get("contextId")
+        if context and context != context_id:
+            raise AguiError(Code.A2A_PROTOCOL_ERROR, msg.INTERRUPT_OTHER_CONTEXT)
+        pending[input_id] = PendingInterrupt(
+            allowlisted(kernel_input),
+            build_interrupt(kernel_input, expires_at=expires_at, language=language),
+            input_id in sideband_ids,
+        )
+    return pending

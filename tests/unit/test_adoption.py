@@ -126,7 +126,7 @@ def test_the_tool_calls_of_the_gap_are_the_ones_each_recorded_run_streamed() -> 
     results it finds are those the run streamed, with the same ids and arguments; a run
     whose journal holds none of them gets them all back from ``reconcile``."""
     from agui_adapter.run.adoption import gap_tool_calls
-    from agui_adapter.run.machine import run_tag
+    from agui_adapter.run.identity import run_tag
     from agui_adapter.state.record import RunEntry
 
     history = Path(__file__).resolve().parent.parent / "data" / "history"

@@ -4,22 +4,28 @@ A small bench plays the driver: it applies the machine's store mutations to an
 in-memory record, answers its kernel requests from a script, and keeps every effect,
 so each test can check both what the client sees and the order of things (persist
 before announcing, release before the final event, spans closed before RUN_ERROR).
+It carries the effects out with production's own loop (``run.loop``). The last section
+replays this module's scenarios to check the transition table (``run.transitions``)
+against what the machine does.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agui_adapter.kernel_client.a2a import KernelRejected
 from agui_adapter.kernel_client.sse import SSEDecoder
 from agui_adapter.protocol.errors import Code
 from agui_adapter.protocol.validation import validate_run_input
+from agui_adapter.run import driver as run_driver
 from agui_adapter.run import interrupts as intr
+from agui_adapter.run import loop as run_loop
+from agui_adapter.run import machine as machine_module
 from agui_adapter.run.effects import (
     CancelTask,
     CancelWhenKnown,
@@ -32,6 +38,7 @@ from agui_adapter.run.effects import (
     GetTask,
     KernelAnswer,
     KernelRefused,
+    KernelRejected,
     Mode,
     Outcome,
     Persist,
@@ -44,7 +51,9 @@ from agui_adapter.run.effects import (
     StopStream,
     StopTask,
 )
+from agui_adapter.run.loop import carry_out
 from agui_adapter.run.machine import Phase, RunMachine
+from agui_adapter.run.transitions import MOVES, TAKES, IllegalMove, Input, Move
 from agui_adapter.run.translation import inspect_frame
 from agui_adapter.state.record import (
     AcceptAnswer,
@@ -106,14 +115,15 @@ class Bench:
         self.effects: list[Effect] = []
 
     def feed(self, effects: list[Effect]) -> None:
-        while effects:
-            reply: Reply | None = None
-            for effect in effects:
-                self.effects.append(effect)
-                reply = self._perform(effect)
-            effects = self.machine.replied(reply, NOW) if reply is not None else []
+        """Carry the effects out with production's loop (``run.loop``), keeping each one."""
+        for _request in carry_out(self.machine, effects, self._perform, self._emit, lambda: NOW):
+            pass
+
+    def _emit(self, events: list[dict[str, Any]]) -> None:
+        self.effects.append(Emit(events))
 
     def _perform(self, effect: Effect) -> Reply | None:
+        self.effects.append(effect)
         if isinstance(effect, Persist):
             if type(effect.mutation) in self.failing:
                 return Failed("disk full") if effect.required else None
@@ -649,3 +659,191 @@ def test_a_client_gone_mid_run_leaves_a_closing_event_for_the_journal() -> None:
     bench.feed(machine.client_gone(NOW))
     assert bench.types()[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
     assert bench.events[-1]["code"] == Code.CANCELLED and "went away" in bench.events[-1]["message"]
+
+
+# ====================================================================== the transition table
+def test_an_input_the_phase_does_not_take_raises_naming_the_phase_and_the_input() -> None:
+    machine, _ = turn("01-normal-text.sse.txt")
+    assert machine.phase is Phase.STREAMING
+    with pytest.raises(IllegalMove, match="phase streaming does not take the input replied"):
+        machine.replied(Failed("nobody asked"), NOW)
+    with pytest.raises(IllegalMove, match="phase streaming does not take the input start"):
+        machine.start(NOW)
+    effects = machine.frames(frames("01-normal-text.sse.txt")[:2], NOW)  # not carried out: the write is awaited
+    assert isinstance(effects[-1], Persist) and machine.phase is Phase.RECORDING_IDS
+    with pytest.raises(IllegalMove, match="phase recording-ids does not take the input frames") as caught:
+        machine.frames(frames("01-normal-text.sse.txt"), NOW)
+    assert (caught.value.phase, caught.value.input) == (Phase.RECORDING_IDS, Input.FRAMES)
+
+
+def test_a_move_the_table_does_not_list_raises_naming_the_phase_and_the_input(monkeypatch: Any) -> None:
+    record = record_for("ctx-1")
+    machine = RunMachine(validate_run_input(body()), mode=Mode.TURN, record=record, language="en")
+    monkeypatch.setattr(machine, "_first_call", lambda: Move(Phase.COMMITTING_INTERRUPTS))
+    with pytest.raises(IllegalMove, match="phase ready cannot move to committing-interrupts on the input start"):
+        machine.start(NOW)
+    assert machine.phase is Phase.READY
+
+
+def test_every_phase_that_waits_for_a_reply_knows_what_the_reply_means() -> None:
+    assert set(machine_module._REPLY_HANDLERS) == TAKES[Input.REPLIED]
+
+
+def test_the_bench_and_the_driver_carry_effects_out_with_the_same_loop() -> None:
+    assert carry_out is run_loop.carry_out and run_driver.carry_out is run_loop.carry_out
+    for method in (Bench.feed, run_driver.RunDriver._carry_out, run_driver.RunDriver._carry_out_quietly):
+        assert "carry_out" in method.__code__.co_names, method  # each calls the loop, none has its own
+
+
+class Recorder:
+    """Every move the machines make, and a copy of a machine in each phase it reached."""
+
+    def __init__(self) -> None:
+        self.moves: set[tuple[Phase, Phase]] = set()
+        self.samples: dict[Phase, RunMachine] = {}
+
+    def install(self, monkeypatch: Any) -> None:
+        make, enter = RunMachine._make, RunMachine._enter
+
+        def recording_make(machine: RunMachine, move: Move) -> None:
+            before = machine.phase
+            make(machine, move)
+            self.moves.add((before, machine.phase))
+            self.sample(machine)
+
+        def sampling_enter(machine: RunMachine, kind: Input, now: float) -> bool:
+            self.sample(machine)
+            return enter(machine, kind, now)
+
+        monkeypatch.setattr(RunMachine, "_make", recording_make)
+        monkeypatch.setattr(RunMachine, "_enter", sampling_enter)
+
+    def sample(self, machine: RunMachine) -> None:
+        if machine.phase not in self.samples:
+            self.samples[machine.phase] = copy.deepcopy(machine)
+
+
+def adopted(record: ThreadRecord, pipeline: dict[str, Any] | None = None) -> tuple[RunMachine, Bench]:
+    started = [{"type": "RUN_STARTED", "threadId": "thread-1", "runId": "run-1"}]
+    machine = RunMachine(
+        validate_run_input(body()),
+        mode=Mode.TURN,
+        record=copy.deepcopy(record),
+        language="en",
+        adopted_events=started,
+        adopted_pipeline=pipeline,
+    )
+    bench = Bench(machine, record, {FetchPipelineState: KernelAnswer(404, {})})
+    bench.feed(machine.start(NOW))
+    assert machine.phase is Phase.RECONCILING and machine.reconciling
+    return machine, bench
+
+
+def adopted_scenarios() -> None:
+    """An adopted run reconciles on its first frame (after writing a session it learns there),
+    or ends, or is interrupted, on it."""
+    machine, bench = adopted(record_for("ctx-1", task_id="task-1"))
+    bench.feed(machine.frames([status("TASK_STATE_WORKING")], NOW))  # names the session: written first
+    assert bench.mutations(RecordIds) and machine.phase is Phase.STREAMING and not machine.reconciling
+    machine, bench = adopted(record_for("ctx-1", task_id="task-1"))
+    bench.feed(machine.kernel_rejected(KernelRejected({"code": -32001, "message": "Task not found"}), NOW))
+    assert machine.ended and machine.reconciling  # settling until the thread is given back (``adoption``)
+    assert bench.finish.code == Code.EXECUTION_LOST
+    for pipeline in (None, {"highWater": 3}):
+        machine, bench = adopted(record_for("ctx-1", task_id="task-1"), pipeline)
+        bench.feed(machine.stream_ended(NOW))
+        assert machine.ended
+        machine, bench = adopted(record_for("ctx-1", task_id="task-1"), pipeline)
+        bench.feed(machine.frames([status("TASK_STATE_INPUT_REQUIRED", input=PERMISSION)], NOW))
+        assert bench.finish.outcome is Outcome.INTERRUPT
+
+
+def resume_scenarios() -> None:
+    """A Resume without a session checks the task at once and records the session its answer's
+    stream names; two sideband answers, then a streamed one; a pipeline Resume's sideband answer."""
+    answers = [{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]
+    machine, bench = resumed(PERMISSION, answers=answers, session_id=None)
+    bench.feed(machine.start(NOW))
+    assert not bench.of(RestoreSession) and machine.phase is Phase.ANSWERING
+    bench.feed(machine.frames([status("TASK_STATE_WORKING")], NOW))
+    assert bench.mutations(RecordIds) and bench.mutations(AcceptAnswer) and machine.phase is Phase.STREAMING
+
+    sidebands = [dict(PERMISSION, inputId=i, scope="candidate") for i in ("s1", "s2")]
+    answers = [
+        {"interruptId": i, "status": "resolved", "payload": {"decision": "allow_once"}} for i in ("s1", "s2", "p1")
+    ]
+    for pipeline_seen in (False, True):
+        machine, bench = resumed(*sidebands, PERMISSION, answers=answers)
+        for record in (bench.disk, machine.record):
+            for i in ("s1", "s2"):
+                record.execution.pending[i].sideband = True
+        machine.translator.pipeline_seen = pipeline_seen
+        bench.replies[SendMessage] = KernelAnswer(200, {"accepted": True})
+        bench.replies[FetchPipelineState] = KernelAnswer(200, {"events": []})
+        bench.feed(machine.start(NOW))
+        assert len(bench.of(SendMessage)) == 2 and machine.phase is Phase.ANSWERING
+
+
+def pipeline_scenarios() -> None:
+    """A pipeline turn fills its gaps before it ends; a pipeline Resume recovers the snapshot first."""
+    machine, bench = turn("33-pipeline-run.sse.txt", runMode="pipeline", pipelineName="selling")
+    bench.replies[FetchPipelineState] = KernelAnswer(404, {})
+    bench.feed(machine.frames(frames("33-pipeline-run.sse.txt"), NOW))
+    if not machine.ended:
+        bench.feed(machine.stream_ended(NOW))
+    assert machine.ended and bench.of(FetchPipelineState)
+
+    answers = [{"interruptId": "q1", "status": "resolved", "payload": {"selectedId": "hz"}}]
+    machine, bench = resumed(QUESTION, answers=answers)
+    machine.translator.pipeline_seen = True  # an earlier run of the execution saw its pipeline
+    bench.replies[FetchPipelineState] = KernelAnswer(200, {"events": []})
+    bench.feed(machine.start(NOW))
+    assert bench.of(FetchPipelineState) and machine.phase is Phase.ANSWERING
+
+
+def scenarios() -> list[Any]:
+    """This module's scenarios that take no argument, and the parametrized client-gone one."""
+    plain = [
+        test
+        for name, test in sorted(globals().items())
+        if name.startswith("test_") and callable(test) and not inspect.signature(test).parameters
+    ]
+    gone = lambda: test_a_client_gone_cancels_the_task_when_known(3)  # noqa: E731
+    return [*plain, gone, adopted_scenarios, resume_scenarios, pipeline_scenarios]
+
+
+def test_the_scenarios_make_every_move_the_table_lists_and_the_phases_take_exactly_their_inputs(
+    monkeypatch: Any,
+) -> None:
+    recorder = Recorder()
+    recorder.install(monkeypatch)
+    for scenario in scenarios():
+        scenario()
+    # Every phase, sampled where a scenario reached it, takes exactly the inputs the table says.
+    assert set(recorder.samples) == set(Phase)
+    replies = {kind: Failed("swept") for kind in Input}
+    for phase, sample in recorder.samples.items():
+        for kind in Input:
+            machine = copy.deepcopy(sample)
+            machine._effects = []
+            feed = {
+                Input.START: lambda m: m.start(NOW),
+                Input.FRAMES: lambda m: m.frames([status("TASK_STATE_WORKING")], NOW),
+                Input.STREAM_ENDED: lambda m: m.stream_ended(NOW),
+                Input.KERNEL_REJECTED: lambda m: m.kernel_rejected(KernelRejected({"code": -32602}), NOW),
+                Input.KERNEL_UNAVAILABLE: lambda m: m.kernel_unavailable("swept", NOW),
+                Input.CLIENT_GONE: lambda m: m.client_gone(NOW),
+                Input.ABANDONED: lambda m: m.abandoned(NOW),
+                Input.SHUTTING_DOWN: lambda m: m.shutting_down(NOW),
+                Input.REPLIED: lambda m, k=kind: m.replied(replies[k], NOW),
+            }[kind]
+            if phase in TAKES[kind]:
+                feed(machine)  # taken: whatever it decides, by moves the table lists
+            else:
+                with pytest.raises(IllegalMove, match=f"phase {phase.value} does not take the input {kind.value}"):
+                    feed(machine)
+    # Every move the table lists is made by some scenario (or by a phase ending), and no other.
+    listed = {(phase, to) for phase, nexts in MOVES.items() for to in nexts}
+    assert recorder.moves <= listed
+    never = listed - recorder.moves
+    assert not never, "; ".join(sorted(f"{a.value} -> {b.value}" for a, b in never))
