@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 from agui_adapter.http.rules import ChunkedDecoder
 from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.kernel_client.sse import SSEDecoder
-from agui_adapter.run.effects import KernelRejected  # a pure value: the run machine takes it too
 
 
 def _first_batch(text: str) -> Any:
@@ -61,16 +61,6 @@ def _requests() -> Any:
     import requests
 
     return requests
-
-
-class KernelUnavailable(Exception):
-    """The kernel could not be reached, or answered with an HTTP error.
-
-    ``kind`` says how (``kernel_calls``): connection, timeout, http_status, bad_answer."""
-
-    def __init__(self, message: str, kind: str = "connection") -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 def check_kernel_url(url: str, *, allow_remote: bool) -> str:

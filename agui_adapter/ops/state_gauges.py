@@ -19,10 +19,10 @@ from pathlib import Path
 def _expired(expires_at: object, now: float) -> bool:
     if not isinstance(expires_at, str):
         return False
-    from datetime import datetime, timezone  # read at scrape time only
+    from agui_adapter.protocol.timestamps import parse_rfc3339  # read at scrape time only
 
     try:
-        return datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() <= now
+        return parse_rfc3339(expires_at) <= now
     except ValueError:
         return False
 

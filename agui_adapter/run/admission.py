@@ -34,17 +34,18 @@ from collections.abc import Callable
 from typing import Any
 
 from agui_adapter.config import Settings
-from agui_adapter.kernel_client.a2a import KernelClient, KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.a2a import KernelClient
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.ops.idle import IdleWatch
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.content import build_user_parts
 from agui_adapter.protocol.errors import AguiError, Code
+from agui_adapter.protocol.timestamps import rfc3339
 from agui_adapter.protocol.validation import RunInput, request_digest
 from agui_adapter.run import resume, task_lost
 from agui_adapter.run.admitted import Admission, context_id_for, run_mode_name
 from agui_adapter.run.adoption import Adoption
 from agui_adapter.run.effects import Mode
-from agui_adapter.run.interrupts import rfc3339
 from agui_adapter.run.registry import LiveRuns
 from agui_adapter.run.slots import RunSlots
 from agui_adapter.state.record import Execution, RunBegan, ThreadRecord

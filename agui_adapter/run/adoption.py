@@ -47,11 +47,11 @@ from typing import Any
 
 from agui_adapter.ops.faults import describe
 from agui_adapter.protocol import events as ev
-from agui_adapter.protocol.history import agui_messages
 from agui_adapter.protocol.validation import IacCodeProps, RunInput
 from agui_adapter.run.admitted import Admission
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
+from agui_adapter.run.history import agui_messages
 from agui_adapter.run.lifecycle import Attach, Lifecycle
 from agui_adapter.run.machine import RunMachine
 from agui_adapter.run.process_gone import process_gone_ending

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from agui_adapter.kernel_client.a2a import KernelClient, KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.a2a import KernelClient
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.errors import AguiError, Code
 from agui_adapter.run.registry import LiveRuns

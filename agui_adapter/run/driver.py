@@ -62,17 +62,18 @@ from collections.abc import Callable, Iterator
 from queue import Empty
 from typing import Any
 
-from agui_adapter.kernel_client.a2a import FrameReader, KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.a2a import FrameReader
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.ops.logs import RUN_IDS
 from agui_adapter.ops.tracing import NO_TRACE
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.errors import Code
 from agui_adapter.protocol.events import Event
+from agui_adapter.protocol.timestamps import rfc3339
 from agui_adapter.run import detached
 from agui_adapter.run import effects as fx
 from agui_adapter.run.admitted import Admission
 from agui_adapter.run.detached import DETACHED_TICK_SECONDS
-from agui_adapter.run.interrupts import rfc3339
 from agui_adapter.run.lifecycle import RUNNING, STOPPING, Attach, Lifecycle
 from agui_adapter.run.loop import carry_out
 from agui_adapter.run.machine import RunMachine

@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from agui_adapter.kernel_client.failures import KernelRejected
 from agui_adapter.protocol.events import Event
 from agui_adapter.state.record import Mutation, ThreadRecord
 
@@ -168,26 +169,6 @@ KERNEL_REQUESTS = (StopTask, RestoreSession, GetTask, FetchPipelineState, SendMe
 
 
 # ====================================================================== replies
-class KernelRejected(Exception):
-    """The kernel answered with a JSON-RPC error object.
-
-    A plain value the machine reads (``rpc_code``, ``detail``, ``data``); defined here, in the
-    pure layer, and raised by the kernel client (``kernel_client.a2a`` re-exports it)."""
-
-    kind = "rejected"
-
-    def __init__(self, error: dict[str, Any]) -> None:
-        self.error = error if isinstance(error, dict) else {}
-        message = self.error.get("message")
-        self.detail = message if isinstance(message, str) else "JSON-RPC error"
-        self.rpc_code = self.error.get("code")
-        super().__init__(f"{self.rpc_code}: {self.detail}")
-
-    @property
-    def data(self) -> Any:
-        return self.error.get("data")
-
-
 @dataclass(slots=True)
 class Persisted:
     """The mutation was applied; ``record`` is the thread record as written."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
+from agui_adapter.kernel_client.failures import KernelRejected
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.errors import AguiError, Code, clip_detail
-from agui_adapter.run.effects import KernelRejected
 
 log = logging.getLogger("agui_adapter.run")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from datetime import datetime, timezone
 from typing import Any
 
 from agui_adapter.protocol import catalog as msg
@@ -71,14 +70,6 @@ REASONS = {
 
 def allowlisted(kernel_input: dict[str, Any]) -> dict[str, Any]:
     return {k: kernel_input[k] for k in INPUT_FIELDS if k in kernel_input}
-
-
-def rfc3339(epoch_seconds: float) -> str:
-    return datetime.fromtimestamp(epoch_seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(value: str) -> float:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def option_entries(options: Any) -> list[dict[str, Any]]:

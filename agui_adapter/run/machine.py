@@ -67,6 +67,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from agui_adapter.kernel_client.failures import KernelRejected
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.errors import AguiError, Code
@@ -81,7 +82,6 @@ from agui_adapter.run.effects import (
     Emit,
     Finish,
     Follow,
-    KernelRejected,
     Mode,
     Outcome,
     Persist,

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from agui_adapter.kernel_client.a2a import FrameReader, KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.a2a import FrameReader
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.run.translation import inspect_frame
 
 log = logging.getLogger("agui_adapter.run.pump")

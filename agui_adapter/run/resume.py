@@ -16,6 +16,7 @@ from typing import Any
 
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.errors import AguiError, Code, clip_detail
+from agui_adapter.protocol.timestamps import parse_rfc3339
 from agui_adapter.protocol.validation import ResumeEntry
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run import outbound
@@ -54,7 +55,7 @@ def first_expiry(pending: Mapping[str, PendingInterrupt], now: float) -> str | N
         expires_at = entry.expires_at
         if expires_at is not None:
             try:
-                if intr.parse_rfc3339(expires_at) <= now:
+                if parse_rfc3339(expires_at) <= now:
                     return expires_at
             except ValueError:
                 continue

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agui_adapter.kernel_client.failures import KernelRejected
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.errors import AguiError, Code
-from agui_adapter.run.effects import Failed, KernelAnswer, KernelRefused, KernelRejected, Reply
+from agui_adapter.run.effects import Failed, KernelAnswer, KernelRefused, Reply
 from agui_adapter.run.identity import Lost
 from agui_adapter.run.task_lost import refusal_says_lost
 from agui_adapter.run.translation import BUSY_STATES, FAILURE_STATES, FrameInfo, inspect_frame

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agui_adapter.config import Settings
-from agui_adapter.kernel_client.a2a import KernelClient, KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.a2a import KernelClient
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.ops.metrics import Metrics
 from agui_adapter.state.journal import JournalStore
 from agui_adapter.state.store import ThreadStore

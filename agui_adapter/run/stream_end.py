@@ -15,6 +15,7 @@ from typing import Any
 
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.errors import AguiError, Code
+from agui_adapter.protocol.timestamps import rfc3339
 from agui_adapter.run import endings, pipeline_state, resume_steps
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run.context import RunContext
@@ -45,7 +46,7 @@ def interrupt(run: RunContext, inputs: list[dict[str, Any]]) -> Move:
         run.run_input.run_id,
         task_id=run.task_id,
         context_id=run.record.context_id,
-        expires_at=intr.rfc3339(run.now + run.interrupt_ttl),
+        expires_at=rfc3339(run.now + run.interrupt_ttl),
         language=run.language,
         sideband_ids=run.answers.sideband_ids,
     )

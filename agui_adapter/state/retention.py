@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agui_adapter.config import Settings
-from agui_adapter.run.interrupts import parse_rfc3339
+from agui_adapter.protocol.timestamps import parse_rfc3339
 from agui_adapter.state.record import PendingInterrupt
 from agui_adapter.state.store import StoreError, ThreadStore
 

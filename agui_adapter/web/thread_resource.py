@@ -24,12 +24,12 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from agui_adapter.kernel_client.a2a import KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.protocol import catalog as msg
-from agui_adapter.protocol import history
 from agui_adapter.protocol.errors import AguiError, Code
+from agui_adapter.protocol.timestamps import parse_rfc3339
+from agui_adapter.run import history
 from agui_adapter.run.engine import RunEngine
-from agui_adapter.run.interrupts import parse_rfc3339
 from agui_adapter.state.record import PendingInterrupt, RunEntry, ThreadRecord
 from agui_adapter.state.store import StoreError
 

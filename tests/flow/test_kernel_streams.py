@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.kernel_client.a2a import KernelClient, KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.a2a import KernelClient
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from tests.support.flow import wait_for
 
 TOKEN = "kernel-secret-token-xyz"

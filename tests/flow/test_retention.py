@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agui_adapter.config import ConfigError, load_settings
-from agui_adapter.run.interrupts import rfc3339
+from agui_adapter.protocol.timestamps import rfc3339
 from agui_adapter.state.record import PendingInterrupt
 from agui_adapter.state.retention import DAY_SECONDS, RetentionJob, prune, start_retention
 from agui_adapter.state.store import Execution, ThreadRecord, ThreadStore, thread_key

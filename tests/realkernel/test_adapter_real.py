@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from agui_adapter.run.interrupts import parse_rfc3339
+from agui_adapter.protocol.timestamps import parse_rfc3339
 from tests.support.agui_client import Client, LiveStream, RunResult, resume, run_body, session_value
 from tests.support.fake_llm import WRITE_CONTENT, WRITE_PATH, count_images, message_text
 from tests.support.flow import wait_for

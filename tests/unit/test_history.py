@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agui_adapter.protocol import events as ev
-from agui_adapter.protocol import history
+from agui_adapter.run import history
 from agui_adapter.state.journal import JournalStore, last_written_id
 from agui_adapter.state.record import (
     MAX_RUNS,

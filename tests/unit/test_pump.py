@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agui_adapter.kernel_client.a2a import KernelRejected, KernelUnavailable
+from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.run.pump import Chunk, KernelPump, PumpState, Rejected, StreamEnd, Unavailable
 
 WAIT = 5.0

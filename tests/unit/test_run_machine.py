@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from agui_adapter.kernel_client.failures import KernelRejected
 from agui_adapter.kernel_client.sse import SSEDecoder
 from agui_adapter.protocol.errors import Code
+from agui_adapter.protocol.timestamps import rfc3339
 from agui_adapter.protocol.validation import validate_run_input
 from agui_adapter.run import driver as run_driver
 from agui_adapter.run import interrupts as intr
@@ -38,7 +40,6 @@ from agui_adapter.run.effects import (
     GetTask,
     KernelAnswer,
     KernelRefused,
-    KernelRejected,
     Mode,
     Outcome,
     Persist,
@@ -341,7 +342,7 @@ def test_permission_interrupt_is_committed_before_it_is_announced() -> None:
     assert commit_at < bench.emitted_at("RUN_FINISHED")
     assert_release_before_final(bench)
     [interrupt] = bench.events[-1]["outcome"]["interrupts"]
-    assert interrupt["reason"] == "tool_call" and interrupt["expiresAt"] == intr.rfc3339(NOW + 86400)
+    assert interrupt["reason"] == "tool_call" and interrupt["expiresAt"] == rfc3339(NOW + 86400)
     assert set(bench.disk.execution.pending) == {interrupt["id"]} and not bench.disk.execution.terminal
     assert not bench.mutations(RetireExecution)
     assert_spans_balanced(bench.types())
@@ -384,7 +385,7 @@ QUESTION = {
 def resumed(
     *inputs: dict[str, Any], answers: list[dict[str, Any]], session_id: str | None = "sess-1"
 ) -> tuple[RunMachine, Bench]:
-    expires = intr.rfc3339(NOW + 3600)
+    expires = rfc3339(NOW + 3600)
     pending = {
         i["inputId"]: PendingInterrupt(i, intr.build_interrupt(i, expires_at=expires, language="en")) for i in inputs
     }
