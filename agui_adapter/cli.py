@@ -1,4 +1,4 @@
-"""Start-up: command line, logging, kernel, and the threaded HTTP/1.1 server (``serving``).
+"""Start-up: command line, logging, kernel, and the threaded HTTP/1.1 server (``http.server``).
 
 ``python run.py`` (or the ``agui-adapter`` command) ends up in ``main``. One log line
 says where the adapter listens and which kernel it uses; Ctrl-C (or SIGTERM) stops

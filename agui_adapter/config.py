@@ -81,7 +81,7 @@ class Settings:
     max_runs: int = 256
     #: Pixels of images decoded (to be shrunk) at once per process; beyond: a short wait, then 503.
     image_decode_budget_pixels: int = 40_000_000
-    # --- reattach (``journal``)
+    # --- reattach (``state.journal``)
     #: How long a run's events stay replayable after it ended; 0 drops them at its end.
     replay_retention_seconds: float = 300.0
     #: At most this many bytes of a run's events are kept for replay (older ones fall out).

@@ -5,9 +5,9 @@ run can be followed by its ids rather than by grepping free text. ``--log-format
 (``IAC_CODE_AGUI_LOG_FORMAT``) writes, for every record: ``time`` (UTC, ISO 8601, ms),
 ``level``, ``logger``, ``message``, ``request_id`` (set on records by the HTTP edge,
 ``web.install_request_id_logging``), ``thread_id`` and ``run_id`` (the AG-UI ids of the
-run being carried out, from ``RUN_IDS``, which ``run_driver`` sets while it iterates or
+run being carried out, from ``RUN_IDS``, which ``run.driver`` sets while it iterates or
 closes a run's body; the kernel pump inherits it), ``pid``, and ``exception`` when there is
-one. The unknown ones are ``null``. The one line ``run_driver`` writes when a run ends
+one. The unknown ones are ``null``. The one line ``run.driver`` writes when a run ends
 adds ``outcome``, ``error_code``, ``events_sent``, ``bytes_sent`` and ``duration_seconds``;
 any other field a log call passes with ``extra=`` is a key of its JSON line too (the access
 log's ``method``, ``route``, ``status``...). ``trace_id`` and ``span_id`` are the

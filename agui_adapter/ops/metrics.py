@@ -7,8 +7,8 @@ answers and how many connections it holds, how many events go out, whether the k
 up and how each of its A2A methods answers (latency, errors by kind), how long a thread
 state write takes, how many interrupts wait for an answer, how many runs go on without a
 client, how much the run journals weigh, and which build runs. This module owns those
-series and nothing else; the places that see the facts (``run_driver``, ``runs``, ``web``,
-``kernel_calls``, the store's write hook, the built-in server's connection count) call one
+series and nothing else; the places that see the facts (``run.driver``, ``run.engine``, ``web.app``,
+``kernel_client.calls``, the store's write hook, the built-in server's connection count) call one
 method each.
 
 Two backends behind one ``Metrics`` object, with the same series:

@@ -13,7 +13,7 @@ own); one trace shows where its time went. With the optional ``otel`` extra
   for its first event (``agui.first_event``, from the start of its stream to the first
   event after RUN_STARTED);
 - every A2A call carries the trace context as HTTP headers (``traceparent``,
-  ``tracestate``), beside the request id (``X-Request-ID``, ``kernel_calls``);
+  ``tracestate``), beside the request id (``X-Request-ID``, ``kernel_client.calls``);
 - JSON log lines carry ``trace_id`` and ``span_id`` (``logs.trace_ids``).
 
 When it is on: ``OTEL_SDK_DISABLED`` is not ``true``, opentelemetry-api is installed, and

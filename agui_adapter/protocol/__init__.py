@@ -5,5 +5,5 @@ directly: the envelope's validation and its compiled fast path (``validation``,
 ``fastschema``, the JSON Schemas in ``schemas/``), user content and images (``content``,
 ``decode_budget``), AG-UI events and their SSE encoding (``events``), error codes
 (``errors``), every user-visible message (``catalog``) and its translations (``i18n``,
-``locales/``), and a thread's conversation as AG-UI messages (``history``).
+``locales/``), and the timestamps they carry (``timestamps``).
 """

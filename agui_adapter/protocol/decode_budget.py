@@ -1,7 +1,7 @@
 """The process-wide budget for decoding images: how many pixels may be decoded at once.
 
 Why this module exists: one accepted image may cost up to about 200 MiB to shrink (see
-``content.py``), and requests decode on their own threads, so without a shared bound the
+``content``), and requests decode on their own threads, so without a shared bound the
 only limit on concurrent decodes was ``--max-runs`` (256 runs, far more memory than any
 host has). A decode first reserves its pixels here (``--image-decode-budget-pixels``,
 default :data:`DEFAULT_BUDGET_PIXELS`: one worst-case image at a time); a request that does

@@ -48,7 +48,7 @@ def encode(event: Event) -> bytes:
 def encode_many(events: list[Event], first_id: int | None = None) -> bytes:
     """Several frames as one chunk (one write per wake-up, design rule 5); with
     ``first_id``, each frame carries its ``id:`` (``first_id``, ``first_id + 1``, ...),
-    the number a client sends back as ``Last-Event-ID`` to reattach (``journal``)."""
+    the number a client sends back as ``Last-Event-ID`` to reattach (``state.journal``)."""
     # "replace": a lone surrogate from the kernel must not break the stream
     if first_id is None:
         return "".join(["data: " + _dumps(e) + "\n\n" for e in events]).encode("utf-8", "replace")

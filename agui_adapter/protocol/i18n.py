@@ -9,7 +9,7 @@ with one deliberate difference: the fallback is the configured default language,
 the server's locale.
 
 ``python -m agui_adapter.protocol.i18n --check`` lists catalog entries that are missing, stale or
-inconsistent, so whoever adds a message to ``messages.py`` sees what to translate.
+inconsistent, so whoever adds a message to ``catalog.py`` sees what to translate.
 """
 
 from __future__ import annotations

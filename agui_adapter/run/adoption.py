@@ -3,7 +3,7 @@
 The kernel is a process of its own: when the adapter process running a run dies (``kill -9``,
 an OOM kill, a gunicorn worker recycled or killed) or stops handing its runs over
 (``--on-shutdown handover``), the kernel task goes on and still has everything. What the
-client was sent is in the run's journal (``journal``). So a run whose journal has no live
+client was sent is in the run's journal (``state.journal``). So a run whose journal has no live
 writer (nobody holds its directory lock) and no end is an *orphan*, and the first process
 that meets it becomes its driver again:
 
@@ -22,7 +22,7 @@ each kernel message showed) and follows the kernel task again (``SubscribeToTask
 snapshot, then its live events; ``GetTask`` when it no longer runs). The snapshot gives back
 the text the kernel produced while no process followed (``RunTranslator.reconcile``), the
 kernel's conversation, read once the snapshot came, the tool calls of that gap
-(``gap_tool_calls``, ``AdoptedDriver``); the rest is an ordinary detached run (``run_driver``):
+(``gap_tool_calls``, ``AdoptedDriver``); the rest is an ordinary detached run (``run.driver``):
 interrupts committed before their ``RUN_FINISHED``, the grace period (at least
 ``ADOPTED_GRACE_SECONDS``, so that clients whose stream was cut have time to come back), the
 cancel extension, metrics and logs. A run that cannot be adopted (the kernel no longer has

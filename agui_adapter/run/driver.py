@@ -1,4 +1,4 @@
-"""The I/O of one run: carries out what ``run_machine`` decides.
+"""The I/O of one run: carries out what ``run.machine`` decides.
 
 A ``RunDriver`` is the WSGI body of an admitted run (an iterable with ``close()``). It
 owns everything that touches the world: the kernel pump and client, the thread store,
@@ -22,7 +22,7 @@ The driver sees the process through the narrow ``RunServices`` it is given (``se
 never through the engine.
 
 Every chunk the run writes (heartbeats aside) is also appended to the run's journal
-(``journal``), each event numbered by its SSE ``id``, so that a client can reattach; any
+(``state.journal``), each event numbered by its SSE ``id``, so that a client can reattach; any
 number of readers follow the journal at once, the run's own client among them. When the
 client goes away and a disconnect grace period is set, or while other readers still follow
 the run, ``close()`` does not end the run: it goes on, on a thread of its own, into its
@@ -129,7 +129,7 @@ class RunDriver:
         self._finish: fx.Finish | None = None
         self._duration: float | None = None
         self._summarized = False  # the run's summary line is logged once
-        # reattach (``journal``): what was sent, who reads it, and the run without a reader
+        # reattach (``state.journal``): what was sent, who reads it, and the run without a reader
         self._journal: JournalWriter | None = None
         self._terminal_encoded = False
         # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)

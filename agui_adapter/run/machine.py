@@ -234,7 +234,7 @@ class RunMachine(RunContext):
 
     def abandoned(self, now: float) -> list[Effect]:
         """A detached run nobody reattached to within the disconnect grace period: it ends
-        as if the client had just gone away (``journal``, ``--disconnect-grace-seconds``)."""
+        as if the client had just gone away (``state.journal``, ``--disconnect-grace-seconds``)."""
         if self._enter(Input.ABANDONED, now):
             why = "nobody reattached in the grace period"
             self._make(self.unattended(why, msg.NOBODY_REATTACHED, started=self._started))

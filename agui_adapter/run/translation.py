@@ -204,7 +204,7 @@ _USAGE_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "cachedInputToken
 def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
     """The id a run gives to a message or tool call of the kernel's ``base`` id: namespaced by
     the run (a Resume's ``@<run tag>``), made unique within the run (``~2``, ``~3``), and
-    remembered in ``used``. ``history`` mints the same ids to give back what the run streamed."""
+    remembered in ``used``. ``run.history`` mints the same ids to give back what the run streamed."""
     if namespace:
         base = f"{base}@{namespace}"
     candidate, n = base, 1

@@ -15,7 +15,7 @@ Where each answer comes from:
   carried out by another worker process, the runs of the record still without an outcome
   whose journal's writer is alive; ``lastEventId`` and ``clientAttached`` from the journal
   (``JournalStore.progress``);
-* the messages: the kernel (``history``), never the state directory.
+* the messages: the kernel (``run.history``), never the state directory.
 """
 
 from __future__ import annotations

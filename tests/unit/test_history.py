@@ -1,5 +1,5 @@
 """The thread resource's pure parts: the conversation as AG-UI messages (``history``), the
-recent runs of the record (``RunBegan``, ``RunEnded``), the thread view (``threads``) and the
+recent runs of the record (``RunBegan``, ``RunEnded``), the thread view (``web.thread_resource``) and the
 journal's last event id.
 
 The conversation is checked on the real kernel's own answer (``tests/data/history/``): the

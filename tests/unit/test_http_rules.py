@@ -1,6 +1,6 @@
 """The HTTP/1.1 wire rules (``agui_adapter.http.rules``) on bytes and values: no sockets, no clock.
 
-The same rules run over real sockets in ``tests/flow/test_serving.py``; here every case is
+The same rules run over real sockets in ``tests/flow/test_http_server.py``; here every case is
 a function call: request heads good and bad, the body framing, chunked bodies fed in
 pieces, response heads for each framing, and the server's JSON errors.
 """

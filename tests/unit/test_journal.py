@@ -1,4 +1,4 @@
-"""The run journal (``journal.py``) on a real directory: segments, bounds, readers (any number),
+"""The run journal (``state/journal.py``) on a real directory: segments, bounds, readers (any number),
 the writer's liveness and retention. The HTTP side is in tests/flow/test_reattach.py."""
 
 from __future__ import annotations
