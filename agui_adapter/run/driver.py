@@ -127,6 +127,9 @@ class RunDriver:
         self._summarized = False
         # reattach (``journal``): what was sent, who reads it, and the run without a reader
         self._journal: JournalWriter | None = None
+        # chunks written before the journal is made, with the id after each: the journal is made
+        # while the kernel answers the run's first call, not before RUN_STARTED (``_journal_ready``)
+        self._journal_pending: list[tuple[bytes, int]] | None = []
         self._began = False
         self._terminal_encoded = False
         self._detached = False
@@ -169,6 +172,8 @@ class RunDriver:
         self._watch = self._client_gone = None  # the connection may serve other requests now
         trace = self._trace.attach()
         try:
+            if self._began:
+                self._journal_ready()  # what was written is journaled, whenever the client left
             if self._detachable():
                 self._detach()
                 return
@@ -239,9 +244,9 @@ class RunDriver:
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:
         machine = self.machine
-        self._open_journal()
         out: list[Event] = []
         yield from self._carry_out(machine.start(self._clock()), out)
+        self._journal_ready()  # RUN_STARTED is out and the kernel called: the journal meanwhile
         if out:
             yield self._encode(out)
         heartbeat = self.engine.settings.heartbeat_seconds
@@ -373,12 +378,32 @@ class RunDriver:
         except OSError as exc:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
 
-    def _journal_chunk(self, chunk: bytes) -> None:
+    def _journal_ready(self) -> None:
+        """Make the run's journal, and append what was written before it (once). Called
+        once the run's start is carried out, so that making its files (a dozen file-system
+        calls) happens while the kernel answers the first call rather than before
+        RUN_STARTED; and at ``close`` (a client gone earlier still leaves a journal)."""
+        pending, self._journal_pending = self._journal_pending, None
+        if pending is None:
+            return
+        self._open_journal()
+        terminal, self._terminal_encoded = self._terminal_encoded, False  # the journal ends with the last
+        for index, (chunk, next_id) in enumerate(pending):
+            self._terminal_encoded = terminal and index == len(pending) - 1
+            self._journal_chunk(chunk, next_id)
+        self._terminal_encoded = terminal
+
+    def _journal_chunk(self, chunk: bytes, next_id: int | None = None) -> None:
+        if next_id is None:
+            next_id = self._events + 1
+        if self._journal_pending is not None:  # the journal is not made yet
+            self._journal_pending.append((chunk, next_id))
+            return
         journal = self._journal
         if journal is None:
             return
         try:
-            journal.append(chunk, self._events + 1)
+            journal.append(chunk, next_id)
         except OSError as exc:
             log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
             self._journal = None
