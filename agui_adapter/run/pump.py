@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agui_adapter.kernel_client.a2a import FrameReader, KernelRejected, KernelUnavailable
+from agui_adapter.run.readers import READERS, ReaderThreads
 from agui_adapter.run.translation import inspect_frame
 
 log = logging.getLogger("agui_adapter.run.pump")
@@ -82,13 +83,21 @@ class PumpState(enum.Enum):
     DONE = "done"  # the stream ended by itself; its last item is queued
 
 
-class KernelPump(threading.Thread):
-    """Reads one kernel stream on its own thread."""
+class KernelPump:
+    """Reads one kernel stream on its own thread (one of ``readers``' warm threads)."""
 
     def __init__(
-        self, open_stream: Callable[[], KernelByteStream], *, maxsize: int = 64, name: str = "kernel-pump"
+        self,
+        open_stream: Callable[[], KernelByteStream],
+        *,
+        maxsize: int = 64,
+        name: str = "kernel-pump",
+        threads: ReaderThreads = READERS,
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        self.name = name
+        self._threads = threads
+        self._started = False
+        self._over = threading.Event()  # the reader returned (``join``, ``is_alive``)
         self._open_stream = open_stream
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=maxsize)
         self._lock = threading.Lock()
@@ -104,8 +113,26 @@ class KernelPump(threading.Thread):
         return self._state
 
     # --- reader side ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start reading on a reader thread; returns at once (once per pump)."""
+        if self._started:
+            raise RuntimeError("a pump is started once")
+        self._started = True
+        self._threads.run(self.run)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the reader is done with the stream (as ``Thread.join``)."""
+        self._over.wait(timeout)
+
+    def is_alive(self) -> bool:
+        """Whether the reader is started and not done yet (as ``Thread.is_alive``)."""
+        return self._started and not self._over.is_set()
+
     def run(self) -> None:
-        self._context.run(self._open_and_read)
+        try:
+            self._context.run(self._open_and_read)
+        finally:
+            self._over.set()
 
     def _open_and_read(self) -> None:
         try:
