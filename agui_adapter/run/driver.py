@@ -130,6 +130,7 @@ class RunDriver:
         # chunks written before the journal is made, with the id after each: the journal is made
         # while the kernel answers the run's first call, not before RUN_STARTED (``_journal_ready``)
         self._journal_pending: list[tuple[bytes, int]] | None = []
+        self.journal_made = threading.Event()  # set once the journal is made (or will never be)
         self._began = False
         self._terminal_encoded = False
         self._detached = False
@@ -199,6 +200,7 @@ class RunDriver:
             if self._journal is not None:
                 self._journal_end()
         finally:
+            self.journal_made.set()  # nobody waits for a journal of a run that is over
             self.engine.run_ended(self)
             if not self._summarized:  # abandoned: no final chunk was written
                 self._log_summary(self._bytes)
@@ -386,7 +388,10 @@ class RunDriver:
         pending, self._journal_pending = self._journal_pending, None
         if pending is None:
             return
-        self._open_journal()
+        try:
+            self._open_journal()
+        finally:
+            self.journal_made.set()
         terminal, self._terminal_encoded = self._terminal_encoded, False  # the journal ends with the last
         for index, (chunk, next_id) in enumerate(pending):
             self._terminal_encoded = terminal and index == len(pending) - 1

@@ -55,6 +55,8 @@ from agui_adapter.state.workspace import Workspaces, ensure_workspace
 
 log = logging.getLogger("agui_adapter.run.engine")
 
+#: How long a reattach waits for the journal of a run of this process that has just started.
+JOURNAL_WAIT_SECONDS = 2.0
 #: What a run refused with SERVER_BUSY is told to wait (``Retry-After``, seconds).
 RETRY_AFTER_SECONDS = 2
 #: How long a new run on a busy thread waits for the run holding it when that run's client
@@ -357,7 +359,12 @@ class RunEngine:
             if known != digest:
                 raise AguiError(Code.RUN_ID_CONFLICT, msg.RUN_ID_CONFLICT)
         try:
-            reader = self.journals.open_reader(thread_id, run_id, after)
+            try:
+                reader = self.journals.open_reader(thread_id, run_id, after)
+            except RunNotFound:
+                if not self._journal_coming(thread_id, run_id):
+                    raise
+                reader = self.journals.open_reader(thread_id, run_id, after)
         except RunNotFound:
             raise AguiError(Code.RUN_NOT_FOUND, msg.RUN_NOT_FOUND) from None
         except ReplayUnavailable:
@@ -371,6 +378,13 @@ class RunEngine:
             return reader
         self.attach_reader(thread_id, run_id, reader)
         return reader
+
+    def _journal_coming(self, thread_id: str, run_id: str) -> bool:
+        """Whether the run is live here and its journal was made after a short wait: a run's
+        journal is made just after its RUN_STARTED went out (while the kernel answers)."""
+        with self._live_lock:
+            driver = next((d for d in self._live if d.run_id == run_id and d.thread_id == thread_id), None)
+        return driver is not None and driver.journal_made.wait(JOURNAL_WAIT_SECONDS)
 
     def attach_reader(self, thread_id: str, run_id: str, reader: JournalReader) -> None:
         """Count the reader among the run's readers (the run goes on while one follows it)."""
