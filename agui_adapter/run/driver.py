@@ -82,6 +82,9 @@ log = logging.getLogger("agui_adapter.run")
 ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
 DETACHED_TICK_SECONDS = 0.25
+#: How many kernel frames the machine takes at once when a wake-up finds a backlog queued: the
+#: parsed frames of a whole backlog (thousands) alive at once cost the cyclic GC dearly.
+FRAMES_PER_STEP = 256
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 #: Effects that start a kernel stream on a pump thread: starting that thread hands it the
@@ -283,6 +286,17 @@ class RunDriver:
             for item in items:
                 if type(item) is Chunk:
                     frames += self._reader.feed(item.data)
+                    if len(frames) < FRAMES_PER_STEP:
+                        continue
+                    # a long backlog is taken a step at a time: its frames and events are freed as they go
+                    yield from self._carry_out(machine.frames(frames, now), out)
+                    frames = []
+                    if machine.ended:
+                        break
+                    if out:
+                        last_write = time.monotonic()
+                        yield self._encode(out)
+                        out = []
                     continue
                 if type(item) is StreamEnd:
                     frames += self._reader.close()
