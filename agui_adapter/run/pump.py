@@ -1,5 +1,8 @@
 """The reader thread of a run: owns the blocking kernel stream, feeds a bounded queue.
 
+The thread is one of the process's warm reader threads (``readers``): ``start()`` hands
+the reading over and returns at once; ``join`` and ``is_alive`` say when it is done.
+
 The reader only does I/O: it queues the raw bytes of each network read, and the WSGI
 thread decodes and translates them after taking everything already queued in one go
 (one chunk per wake-up, heartbeats on timeout). Keeping the parsing on one thread
