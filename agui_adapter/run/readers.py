@@ -9,13 +9,17 @@ to such a thread with one queue put, going on at once (it makes the run's journa
 kernel answers). At most ``MAX_IDLE`` threads wait at any time; the others end, as does a
 waiting thread nobody called for within ``IDLE_SECONDS``, so a burst of runs leaves no
 crowd of threads behind. A thread still serves one run at a time: the design is unchanged.
+A forked child (a WSGI server's worker forked after the application was loaded) forgets the
+parent's waiting threads, which it does not have.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 
 log = logging.getLogger("agui_adapter.run.readers")
@@ -36,6 +40,7 @@ class ReaderThreads:
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[Work]] = []  # one inbox per waiting thread, newest last
+        _POOLS.add(self)
 
     def run(self, work: Work, name: str = "kernel-reader") -> None:
         """Start ``work`` on a waiting thread, or on a new one (``name``) when none waits."""
@@ -45,6 +50,11 @@ class ReaderThreads:
             inbox.put(work)
             return
         threading.Thread(target=self._serve, args=(work,), name=name, daemon=True).start()
+
+    def _forget_idle(self) -> None:
+        """In a forked child: the waiting threads were the parent's."""
+        self._lock = threading.Lock()
+        self._idle = []
 
     def idle(self) -> int:
         """How many threads wait for work now."""
@@ -72,6 +82,17 @@ class ReaderThreads:
                         return
                 work = inbox.get()  # taken just now: its work is on the way
 
+
+_POOLS: weakref.WeakSet[ReaderThreads] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_POOLS):
+        pool._forget_idle()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 #: The process's reader threads (every run's pump uses them).
 READERS = ReaderThreads()

@@ -88,3 +88,28 @@ def test_a_failing_work_does_not_cost_the_thread() -> None:
     assert wait_for(lambda: threads.idle() == 1)
     threads.run(done.set)
     assert done.wait(WAIT)
+
+
+def test_a_forked_child_forgets_the_parents_waiting_threads() -> None:
+    import os
+
+    threads = ReaderThreads(idle_seconds=WAIT)
+    done = threading.Event()
+    threads.run(done.set)
+    assert done.wait(WAIT) and wait_for(lambda: threads.idle() == 1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its work must run on a thread of its own, not in a dead parent's
+        try:
+            ran = threading.Event()
+            idle_before = threads.idle()
+            threads.run(ran.set)
+            os.write(write, b"%d %d" % (idle_before, ran.wait(WAIT)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 100)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"0 1"
+    assert threads.idle() == 1  # the parent's thread still waits in the parent
