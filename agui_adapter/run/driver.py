@@ -404,13 +404,13 @@ class RunDriver:
             return
         try:
             self._open_journal()
+            terminal, self._terminal_encoded = self._terminal_encoded, False  # the journal ends with the last
+            for index, (chunk, next_id) in enumerate(pending):
+                self._terminal_encoded = terminal and index == len(pending) - 1
+                self._journal_chunk(chunk, next_id)
+            self._terminal_encoded = terminal
         finally:
             self.journal_made.set()
-        terminal, self._terminal_encoded = self._terminal_encoded, False  # the journal ends with the last
-        for index, (chunk, next_id) in enumerate(pending):
-            self._terminal_encoded = terminal and index == len(pending) - 1
-            self._journal_chunk(chunk, next_id)
-        self._terminal_encoded = terminal
 
     def _journal_chunk(self, chunk: bytes, next_id: int | None = None) -> None:
         if next_id is None:
