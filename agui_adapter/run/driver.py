@@ -134,6 +134,7 @@ class RunDriver:
         # while the kernel answers the run's first call, not before RUN_STARTED (``_journal_ready``)
         self._journal_pending: list[tuple[bytes, int]] | None = []
         self.journal_made = threading.Event()  # set once the journal is made (or will never be)
+        self._stream_began = False  # the body's generator started (a journal is made for it)
         self._began = False
         self._terminal_encoded = False
         self._detached = False
@@ -156,6 +157,7 @@ class RunDriver:
         try:
             while True:
                 if self._hung_up():
+                    self._journal_ready()  # before the response ends: the journal of what was sent
                     raise StopIteration  # the client left: ``close`` ends the run, or detaches it
                 chunk = next(self._body)
                 if chunk is not _IDLE:
@@ -176,8 +178,7 @@ class RunDriver:
         self._watch = self._client_gone = None  # the connection may serve other requests now
         trace = self._trace.attach()
         try:
-            if self._began:
-                self._journal_ready()  # what was written is journaled, whenever the client left
+            self._journal_ready()  # what was written is journaled, whenever the client left
             if self._detachable():
                 self._detach()
                 return
@@ -248,6 +249,7 @@ class RunDriver:
 
     # ------------------------------------------------------------------ the stream
     def _stream(self) -> Iterator[bytes]:
+        self._stream_began = True
         machine = self.machine
         out: list[Event] = []
         yield from self._carry_out(machine.start(self._clock()), out)
@@ -399,6 +401,8 @@ class RunDriver:
         once the run's start is carried out, so that making its files (a dozen file-system
         calls) happens while the kernel answers the first call rather than before
         RUN_STARTED; and at ``close`` (a client gone earlier still leaves a journal)."""
+        if not self._stream_began:
+            return  # nothing was written: no journal (as before any run's first write)
         pending, self._journal_pending = self._journal_pending, None
         if pending is None:
             return
