@@ -171,13 +171,15 @@ class KernelPump:
     def _read(self, stream: KernelByteStream) -> None:
         reader: FrameReader | None = FrameReader()  # only until the task id is known
         for chunk in stream.chunks():
+            # queued first, looked into after: the run's first frames are not held up by it
+            queued = self._state is PumpState.READING and self._put(Chunk(chunk))
             if reader is not None:
                 for frame in reader.feed(chunk):
                     task_id = inspect_frame(frame).task_id
                     if task_id:
                         self.task_id, reader = task_id, None
                         break
-            if self._state is PumpState.READING and self._put(Chunk(chunk)):
+            if queued and self._state is PumpState.READING:
                 continue
             state = self._state  # changed by the run: abandoned, or stopped
             if state is PumpState.SEEKING_TASK:
