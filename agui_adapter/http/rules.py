@@ -448,6 +448,9 @@ class ChunkedDecoder:
         parts: list[bytes] = []
         buf = self._buf
         while True:
+            if self._state == self._DATA_END and buf[self._pos : self._pos + 2] == b"\r\n":
+                self._pos += 2  # a chunk's CRLF that ``read`` left: back to the inline case
+                self._state = self._SIZE
             if self._state == self._SIZE:  # the common case, inline: size line, data, CRLF
                 pos = self._pos
                 end = buf.find(b"\n", pos, pos + MAX_CHUNK_LINE)

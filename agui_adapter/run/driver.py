@@ -90,6 +90,9 @@ log = logging.getLogger("agui_adapter.run")
 #: detached, to see whether its grace period is over (heartbeats go every heartbeat_seconds).
 ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
+#: How many kernel frames the machine takes at once when a wake-up finds a backlog queued: the
+#: parsed frames of a whole backlog (thousands) alive at once cost the cyclic GC dearly.
+FRAMES_PER_STEP = 256
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
@@ -311,6 +314,16 @@ class RunDriver:
             match item:
                 case Chunk(data=data):
                     frames += self._reader.feed(data)
+                    if len(frames) < FRAMES_PER_STEP:
+                        continue
+                    # a long backlog is taken a step at a time: its frames and events are freed as they go
+                    yield from self._carry_out(machine.frames(frames, now), out)
+                    frames = []
+                    if machine.ended:
+                        return
+                    if out:
+                        yield self._encode(out)
+                        out.clear()
                     continue
                 case StreamEnd():
                     frames += self._reader.close()

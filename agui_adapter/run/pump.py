@@ -1,5 +1,8 @@
 """The reader thread of a run: owns the blocking kernel stream, feeds a bounded queue.
 
+The thread is one of the process's warm reader threads (``readers``): ``start()`` hands
+the reading over and returns at once; ``join`` and ``is_alive`` say when it is done.
+
 The reader only does I/O: it queues the raw bytes of each network read, and the WSGI
 thread decodes and translates them after taking everything already queued in one go
 (one chunk per wake-up, heartbeats on timeout). Keeping the parsing on one thread
@@ -27,6 +30,7 @@ from typing import Protocol
 
 from agui_adapter.kernel_client.a2a import FrameReader
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
+from agui_adapter.run.readers import READERS, ReaderThreads
 from agui_adapter.run.translation import inspect_frame
 
 log = logging.getLogger("agui_adapter.run.pump")
@@ -83,13 +87,21 @@ class PumpState(enum.Enum):
     DONE = "done"  # the stream ended by itself; its last item is queued
 
 
-class KernelPump(threading.Thread):
-    """Reads one kernel stream on its own thread."""
+class KernelPump:
+    """Reads one kernel stream on its own thread (one of ``readers``' warm threads)."""
 
     def __init__(
-        self, open_stream: Callable[[], KernelByteStream], *, maxsize: int = 64, name: str = "kernel-pump"
+        self,
+        open_stream: Callable[[], KernelByteStream],
+        *,
+        maxsize: int = 64,
+        name: str = "kernel-pump",
+        threads: ReaderThreads = READERS,
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        self.name = name
+        self._threads = threads
+        self._started = False
+        self._over = threading.Event()  # the reader returned (``join``, ``is_alive``)
         self._open_stream = open_stream
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=maxsize)
         self._lock = threading.Lock()
@@ -105,8 +117,26 @@ class KernelPump(threading.Thread):
         return self._state
 
     # --- reader side ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start reading on a reader thread; returns at once (once per pump)."""
+        if self._started:
+            raise RuntimeError("a pump is started once")
+        self._started = True
+        self._threads.run(self.run)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the reader is done with the stream (as ``Thread.join``)."""
+        self._over.wait(timeout)
+
+    def is_alive(self) -> bool:
+        """Whether the reader is started and not done yet (as ``Thread.is_alive``)."""
+        return self._started and not self._over.is_set()
+
     def run(self) -> None:
-        self._context.run(self._open_and_read)
+        try:
+            self._context.run(self._open_and_read)
+        finally:
+            self._over.set()
 
     def _open_and_read(self) -> None:
         try:
@@ -142,13 +172,15 @@ class KernelPump(threading.Thread):
     def _read(self, stream: KernelByteStream) -> None:
         reader: FrameReader | None = FrameReader()  # only until the task id is known
         for chunk in stream.chunks():
+            # queued first, looked into after: the run's first frames are not held up by it
+            queued = self._state is PumpState.READING and self._put(Chunk(chunk))
             if reader is not None:
                 for frame in reader.feed(chunk):
                     task_id = inspect_frame(frame).task_id
                     if task_id:
                         self.task_id, reader = task_id, None
                         break
-            if self._state is PumpState.READING and self._put(Chunk(chunk)):
+            if queued and self._state is PumpState.READING:
                 continue
             state = self._state  # changed by the run: abandoned, or stopped
             if state is PumpState.SEEKING_TASK:

@@ -166,11 +166,24 @@ def scan_run(directory: Path, up_to: int | None = None) -> tuple[int, bool, list
 
 
 # ====================================================================== readers
-def join_readers(directory: Path) -> tuple[int, Path]:
+def join_readers(directory: Path, *, fresh: bool = False) -> tuple[int, Path]:
     """Put a reader among the run's readers: a file held under an exclusive lock for as long
     as the reader is attached (made under a hidden name and renamed once locked, so that a
-    counter never takes it for a dead reader's). The lock's fd and the file, for ``leave``."""
+    counter never takes it for a dead reader's). The lock's fd and the file, for ``leave``.
+
+    ``fresh``: the journal is still being made under its temporary name, where no counter
+    looks: the file is made under its own name at once (the writer's own client)."""
     readers = directory / _READERS
+    if fresh:
+        os.mkdir(readers, 0o700)
+        path = readers / f"{os.getpid()}-{uuid.uuid4().hex}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, path
     readers.mkdir(mode=0o700, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=".", dir=readers)
     try:
@@ -233,6 +246,7 @@ class JournalStore:
         self.buffer_bytes = buffer_bytes
         self._sweeper: threading.Thread | None = None
         self._sweeper_lock = threading.Lock()
+        self._root_private = False  # the root's mode was set (once per process)
 
     def run_dir(self, thread_id: str, run_id: str) -> Path:
         return self.root / thread_key(thread_id) / thread_key(run_id)
@@ -249,9 +263,9 @@ class JournalStore:
             shutil.rmtree(directory, ignore_errors=True)
         for attempt in range(3):
             try:
-                directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                os.chmod(self.root, 0o700)
-                fresh = Path(tempfile.mkdtemp(prefix=_NEW, dir=directory.parent))
+                self._make_thread_dir(directory.parent)
+                fresh = directory.parent / f"{_NEW}{os.urandom(8).hex()}"  # mkdtemp's job, in one call
+                os.mkdir(fresh, 0o700)
                 if meta is not None:
                     _write_private(fresh / RUN_META, json.dumps(meta).encode("utf-8"))
                 writer = JournalWriter(fresh, self.buffer_bytes)
@@ -263,6 +277,20 @@ class JournalStore:
             writer.moved_to(directory)
             return writer
         raise AssertionError("unreachable")
+
+    def _make_thread_dir(self, directory: Path) -> None:
+        """The thread's journal directory, and the root's mode set to 0700 when the root is
+        made (and once per process): one ``mkdir`` when both exist."""
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            self._root_private = False
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self._root_private:
+            os.chmod(self.root, 0o700)
+            self._root_private = True
 
     def open_reader(self, thread_id: str, run_id: str, after: int) -> JournalReader:
         """A reader of the run's events after id ``after`` (RunNotFound, ReplayUnavailable)."""
@@ -394,7 +422,7 @@ class JournalWriter:
         self._buffer_bytes = buffer_bytes
         self._dir_fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(self._dir_fd, fcntl.LOCK_EX)
-        self._own: tuple[int, Path] | None = join_readers(directory)  # the run's own client
+        self._own: tuple[int, Path] | None = join_readers(directory, fresh=True)  # the run's own client
         self._sizes: list[tuple[int, int]] = []  # (first id, bytes) per segment, oldest first
         self._fd: int | None = None
         self._open_segment(1)

@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 import time
 import zlib
@@ -228,18 +227,24 @@ class ThreadStore:
             ).encode("utf-8")
             + b"\n"
         )
-        tmp_name = None
+        tmp_path = self.threads_dir / f".{path.name}.{os.urandom(8).hex()}.tmp"
+        tmp_made = False
         started = time.perf_counter()
         try:
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.threads_dir)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
+            # mkstemp's job in one call: a random name, created exclusively
+            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            tmp_made = True
+            try:
+                os.fchmod(fd, 0o600)  # whatever the umask
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
                 if durable:
-                    os.fsync(handle.fileno())
-            os.chmod(tmp_name, 0o600)
-            os.replace(tmp_name, path)
-            tmp_name = None
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp_path, path)
+            tmp_made = False
             if durable:
                 self._sync_directory()
         except OSError as exc:
@@ -248,9 +253,9 @@ class ThreadStore:
             if self.on_write is not None:
                 self.on_write(time.perf_counter() - started, durable)
         finally:
-            if tmp_name is not None:
+            if tmp_made:
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
+                    os.unlink(tmp_path)
 
     def _sync_directory(self) -> None:
         """Make renames and deletions in the threads directory durable."""

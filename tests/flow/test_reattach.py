@@ -290,3 +290,30 @@ def test_the_cancel_extension_stops_a_detached_run(make_adapter: Any, workspace:
     assert client.run(run_body("next", thread_id=body["threadId"], cwd=str(workspace))).terminal["type"] == (
         "RUN_FINISHED"
     )
+
+
+def test_a_reader_that_comes_while_the_journal_is_being_made_follows_the_run(
+    make_adapter: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's journal is made before its RUN_STARTED goes out (persist before announcing):
+    a reader that comes just after RUN_STARTED follows the run, however slow the journal is to
+    make (here: half a second), and a crash then still leaves the run's journal behind."""
+    from agui_adapter.state.journal import JournalStore
+
+    made = JournalStore.open_writer
+
+    def slowly_made(self: JournalStore, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        return made(self, *args, **kwargs)
+
+    monkeypatch.setattr(JournalStore, "open_writer", slowly_made)
+    adapter = make_adapter(disconnect_grace_seconds=5, heartbeat_seconds=0.3)
+    client = adapter.client()
+    body = run_body("[SLOW] go", cwd=str(workspace))
+    original = LiveStream(client, body)
+    seen = original.read_events(1)
+    assert seen[0][1]["type"] == "RUN_STARTED"
+    second = client.events(body["threadId"], body["runId"], 0)
+    pieces = [original.rest(), second.rest()]
+    assert pieces[1][0][1]["type"] == "RUN_STARTED" and pieces[1][-1][1]["type"] == "RUN_FINISHED"
+    assert joined(seen, pieces[0]) == joined(pieces[1])
