@@ -28,6 +28,7 @@ from agui_adapter.protocol.spans import close_spans
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run import pipeline_progress as pl
 from agui_adapter.run.pipeline_progress import PipelineProgress
+from agui_adapter.run.usage import UsageTotals
 
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected", "auth-required"})
 FAILURE_STATES = frozenset({"failed", "rejected", "auth-required"})
@@ -200,9 +201,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-_USAGE_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "cachedInputTokens")
-
-
 def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
     """The id a run gives to a message or tool call of the kernel's ``base`` id: namespaced by
     the run (a Resume's ``@<run tag>``), made unique within the run (``~2``, ``~3``), and
@@ -244,7 +242,7 @@ class RunTranslator:
         self._open_tools: dict[str, None] = {}
         self._started_tools: set[str] = set()
         self._tool_results: set[str] = set()
-        self._usage: dict[tuple[str | None, str | None], dict[str, int]] = {}
+        self._usage = UsageTotals()
         self.text_emitted = False
         self.failure_detail: str | None = None
         self.pipeline = pipeline or PipelineProgress()
@@ -489,26 +487,10 @@ class RunTranslator:
 
     # --- usage ------------------------------------------------------------------------
     def record_usage(self, usage: dict[str, Any]) -> None:
-        key = (_str(usage.get("provider")), _str(usage.get("model")))
-        totals = self._usage.setdefault(key, dict.fromkeys(_USAGE_FIELDS, 0))
-        for name in _USAGE_FIELDS:
-            value = usage.get(name)
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                totals[name] += value
+        self._usage.add(usage)
 
     def usage(self) -> list[dict[str, Any]]:
-        out = []
-        for (provider, model), totals in self._usage.items():
-            entry: dict[str, Any] = {}
-            if provider:
-                entry["provider"] = provider
-            if model:
-                entry["model"] = model
-            entry.update(totals)
-            out.append(entry)
-        return out
+        return self._usage.entries()
 
     # --- adoption (a run another process began: ``run.reconcile`` takes up its state) ---
     @property
