@@ -8,7 +8,8 @@ Why a package: a run is a pure state machine carried out by a driver that does t
   helpers (``identity``, ``answers``, ``resume_replies``, ``endings``, ``pipeline_state``,
   ``task_lost``), the values it exchanges with the driver (``effects``) and the one loop that
   feeds replies back to it (``loop``).
-* The mapping (sans-I/O): ``translation`` (A2A frames to AG-UI events), ``interrupts``,
+* The mapping (sans-I/O): ``translation`` (A2A frames to AG-UI events, with the run's ``usage``
+  totals), ``reconcile`` (an adopted run's translator catching up), ``interrupts``,
   ``resume``, ``pipeline_progress``, ``outbound`` (the messages sent to the kernel),
   ``process_gone`` (the ending of a run whose process died) and ``history`` (a thread's
   conversation as AG-UI messages, with the ids its runs streamed).

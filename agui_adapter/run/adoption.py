@@ -20,9 +20,9 @@ went, is taken next. The adopter builds the run's machine with the journal's eve
 (``RunMachine(adopted_events=...)``: which ids were used, which spans are open, what text
 each kernel message showed) and follows the kernel task again (``SubscribeToTask``: its
 snapshot, then its live events; ``GetTask`` when it no longer runs). The snapshot gives back
-the text the kernel produced while no process followed (``RunTranslator.reconcile``), the
+the text the kernel produced while no process followed (``reconcile.Reconciliation``), the
 kernel's conversation, read once the snapshot came, the tool calls of that gap
-(``gap_tool_calls``, ``AdoptedDriver``); the rest is an ordinary detached run (``run.driver``):
+(``reconcile.gap_tool_calls``, ``AdoptedDriver``); the rest is an ordinary detached run (``run.driver``):
 interrupts committed before their ``RUN_FINISHED``, the grace period (at least
 ``ADOPTED_GRACE_SECONDS``, so that clients whose stream was cut have time to come back), the
 cancel extension, metrics and logs. A run that cannot be adopted (the kernel no longer has
@@ -34,14 +34,12 @@ says why) is concluded in its journal: every span closed and ``RUN_ERROR EXECUTI
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +49,16 @@ from agui_adapter.protocol.validation import IacCodeProps, RunInput
 from agui_adapter.run.admitted import Admission
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
-from agui_adapter.run.history import agui_messages
 from agui_adapter.run.lifecycle import Attach, Lifecycle
 from agui_adapter.run.machine import RunMachine
 from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.run.pump import KernelByteStream
+from agui_adapter.run.reconcile import gap_tool_calls
 from agui_adapter.run.registry import LiveRuns
 from agui_adapter.run.services import RunServices
 from agui_adapter.run.slots import RunSlots
-from agui_adapter.run.translation import (
-    SESSION_EVENT,
-    GapToolCall,
-    compact_json,
-    mint_id,
-    normalize_numbers,
-)
+from agui_adapter.run.translation import SESSION_EVENT
 from agui_adapter.state.journal import END, JournalWriter, read_meta, read_pipeline_note, scan_run, writer_alive
-from agui_adapter.state.record import RunEntry
 from agui_adapter.state.store import StoreError
 
 log = logging.getLogger("agui_adapter.run.adoption")
@@ -115,40 +106,6 @@ def _scan_forever(adoption_ref: weakref.ref[Adoption]) -> None:
             log.exception("adoption scan failed")
         del adoption
         time.sleep(SCAN_SECONDS)
-
-
-def gap_tool_calls(
-    conversation: Sequence[Any], runs: Sequence[RunEntry], run_id: str, task_id: str, namespace: str | None
-) -> tuple[list[GapToolCall], list[tuple[str, str]]]:
-    """The tool calls and tool results of one run in the kernel's conversation (the
-    ``messages`` of ``GET /iac-code/session/recovery``), with the ids the run streams them
-    under: the conversation is cut into runs as ``GET /threads/{t}/messages`` cuts it
-    (``history.agui_messages``); the run's own entry does not carry its task yet (a run's
-    task is written when it ends), so it is given here. A run's calls are those of its
-    assistant message; its results, the tool messages minted in its namespace (a Resume's
-    include the result of the call its interrupt asked about, started by the run before)."""
-    runs = [replace(e, task_id=task_id) if e.run_id == run_id and not e.task_id else e for e in runs]
-    messages = agui_messages(conversation, runs)
-    own = mint_id(f"{task_id}-message", namespace, set())
-    calls: list[GapToolCall] = []
-    for message in messages:
-        if message.get("id") == own and message.get("role") == "assistant":
-            for call in message.get("toolCalls") or []:
-                function = call.get("function") or {}
-                try:
-                    arguments = compact_json(normalize_numbers(json.loads(function.get("arguments") or "{}")))
-                except ValueError:
-                    arguments = "{}"
-                calls.append(GapToolCall(str(call["id"]), str(function.get("name") or "tool"), arguments))
-    called = {c.tool_call_id for c in calls}
-    results = [
-        (str(m["toolCallId"]), str(m.get("content") or ""))
-        for m in messages
-        if m.get("role") == "tool"
-        and m.get("id") == mint_id(f"tool-result-{m.get('toolCallId')}", namespace, set())
-        and (namespace is not None or m.get("toolCallId") in called)
-    ]
-    return calls, results
 
 
 class _AfterSnapshot:
@@ -207,11 +164,11 @@ class AdoptedDriver(RunDriver):
             self.kernel = _ReconcilingKernel(self.kernel, self._read_gap_tool_calls)
 
     def _read_gap_tool_calls(self) -> None:
-        """Give the translator the run's tool calls from the kernel's conversation (``reconcile``
+        """Hand the run's tool calls in the kernel's conversation to its ``Reconciliation`` (which
         sends those the journal does not hold). Best effort: without them the run goes on."""
         machine = self.machine
-        task_id = machine.task_id
-        if not task_id:
+        task_id, reconciliation = machine.task_id, machine.reconciliation
+        if not task_id or reconciliation is None:
             return
         try:  # the conversation is the kernel execution's (its id: the task's executionControl)
             task = self.kernel.get_task(task_id, timeout=10.0)
@@ -227,9 +184,9 @@ class AdoptedDriver(RunDriver):
         if status != 200 or not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             log.warning("run %s: the kernel's conversation is unavailable (HTTP %s)", self.run_id, status)
             return
-        translator, runs = machine.translator, machine.record.runs
-        calls, results = gap_tool_calls(body["messages"], runs, self.run_id, task_id, translator.id_namespace)
-        translator.gap_tool_calls, translator.gap_tool_results = calls, results
+        runs, namespace = machine.record.runs, machine.translator.id_namespace
+        calls, results = gap_tool_calls(body["messages"], runs, self.run_id, task_id, namespace)
+        reconciliation.gap_tool_calls, reconciliation.gap_tool_results = calls, results
 
     def _open_journal(self) -> None:
         self._journal, self._claimed = self._claimed, None

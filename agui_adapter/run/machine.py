@@ -58,7 +58,7 @@ An *adopted* run (``adopted_events``: a run another process began and died in, `
 starts from its journal's events instead of RUN_STARTED: the translator takes up the ids, spans
 and text they hold, the machine follows the kernel task again (``Follow``), and the task's
 snapshot, its first frame, gives back the text produced while nobody followed
-(``RunTranslator.reconcile``); a kernel that no longer has the task ends it ``EXECUTION_LOST``.
+(``reconcile.Reconciliation``); a kernel that no longer has the task ends it ``EXECUTION_LOST``.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ from agui_adapter.run.effects import (
     StopTask,
 )
 from agui_adapter.run.identity import Lost
+from agui_adapter.run.reconcile import Reconciliation
 from agui_adapter.run.task_lost import refusal_says_lost
 from agui_adapter.run.transitions import (
     MOVES,
@@ -161,8 +162,9 @@ class RunMachine(RunContext):
         self._effects: list[Effect] = []
         # adoption: a run another process began and died in (``adoption``); its journal's events
         self.adopted = adopted_events is not None
+        self.reconciliation: Reconciliation | None = None  # the adopted run's catching up
         if adopted_events is not None:
-            self.translator.restore(adopted_events)
+            self.reconciliation = Reconciliation(self.translator, adopted_events)
             if adopted_pipeline is not None:  # the sequences the dead process delivered (``pipeline.json``)
                 pipeline_state.adopt_progress(self.translator, adopted_pipeline)
             self.announced = identity.announced_in(adopted_events)
@@ -403,8 +405,8 @@ class RunMachine(RunContext):
         if phase is _ANSWERING and answers.current is not None:
             return resume_steps.accept(self, answers.current)
         ts = self.ts
-        if phase is _RECONCILING and info.kind == "task":
-            out += self.translator.reconcile(info.body, ts)
+        if phase is _RECONCILING and info.kind == "task" and self.reconciliation is not None:
+            out += self.reconciliation.reconcile(info.body, ts)
         if self.announced is None and self.task_id and self.session_id:
             out.append(self.announcement())
         if answers.owed:

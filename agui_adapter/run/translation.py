@@ -4,7 +4,9 @@
 state, required inputs, errors). ``RunTranslator`` is the per-run state machine that
 maps frames to AG-UI events and keeps the spans balanced: every START gets its END
 before the run's terminal event, and no message, reasoning or tool id is reused
-within a run. Nothing here does I/O or reads a clock: timestamps are passed in.
+within a run. Nothing here does I/O or reads a clock: timestamps are passed in. An adopted
+run's translator is first given the dead process's journal and the kernel's gap by
+``run.reconcile``, its other way in.
 
 The kernel's dialect (iac-code 0.16.0) has a few traps, handled here:
 numbers in metadata arrive as floats (``9.0``); the whole answer is repeated at the
@@ -22,10 +24,11 @@ from typing import Any
 
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.events import Event
-from agui_adapter.protocol.spans import close_spans, step_key_of
+from agui_adapter.protocol.spans import close_spans
 from agui_adapter.run import interrupts as intr
 from agui_adapter.run import pipeline_progress as pl
 from agui_adapter.run.pipeline_progress import PipelineProgress
+from agui_adapter.run.usage import UsageTotals
 
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected", "auth-required"})
 FAILURE_STATES = frozenset({"failed", "rejected", "auth-required"})
@@ -198,9 +201,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-_USAGE_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "cachedInputTokens")
-
-
 def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
     """The id a run gives to a message or tool call of the kernel's ``base`` id: namespaced by
     the run (a Resume's ``@<run tag>``), made unique within the run (``~2``, ``~3``), and
@@ -213,15 +213,6 @@ def mint_id(base: str, namespace: str | None, used: set[str]) -> str:
         candidate = f"{base}~{n}"
     used.add(candidate)
     return candidate
-
-
-@dataclass(frozen=True, slots=True)
-class GapToolCall:
-    """A tool call of the run as the kernel's conversation keeps it (``RunTranslator.reconcile``)."""
-
-    tool_call_id: str
-    name: str
-    arguments: str  # compact JSON, as ``TOOL_CALL_ARGS`` carries it live
 
 
 class RunTranslator:
@@ -251,17 +242,13 @@ class RunTranslator:
         self._open_tools: dict[str, None] = {}
         self._started_tools: set[str] = set()
         self._tool_results: set[str] = set()
-        self._usage: dict[tuple[str | None, str | None], dict[str, int]] = {}
+        self._usage = UsageTotals()
         self.text_emitted = False
         self.failure_detail: str | None = None
         self.pipeline = pipeline or PipelineProgress()
         self.pipeline_seen = pipeline is not None and bool(pipeline.high_water or pipeline.open_steps)
         self._event_ids: set[str] = set()
         self._active_steps: dict[str, None] = {}
-        # adoption: the tool calls of this run that the kernel's conversation holds (``reconcile``)
-        self.gap_tool_calls: list[GapToolCall] = []
-        self.gap_tool_results: list[tuple[str, str]] = []  # (tool call id, result)
-        self._restored_args: set[str] = set()  # open tool calls whose ARGS the journal holds
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
@@ -500,160 +487,16 @@ class RunTranslator:
 
     # --- usage ------------------------------------------------------------------------
     def record_usage(self, usage: dict[str, Any]) -> None:
-        key = (_str(usage.get("provider")), _str(usage.get("model")))
-        totals = self._usage.setdefault(key, dict.fromkeys(_USAGE_FIELDS, 0))
-        for name in _USAGE_FIELDS:
-            value = usage.get(name)
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                totals[name] += value
+        self._usage.add(usage)
 
     def usage(self) -> list[dict[str, Any]]:
-        out = []
-        for (provider, model), totals in self._usage.items():
-            entry: dict[str, Any] = {}
-            if provider:
-                entry["provider"] = provider
-            if model:
-                entry["model"] = model
-            entry.update(totals)
-            out.append(entry)
-        return out
+        return self._usage.entries()
 
-    # --- adoption (a run another process began) ---------------------------------------
+    # --- adoption (a run another process began: ``run.reconcile`` takes up its state) ---
     @property
     def id_namespace(self) -> str | None:
         """The run's id namespace (a Resume's run tag), as ``mint_id`` takes it."""
         return self._namespace
-
-    def _kernel_id(self, agui_id: str) -> str:
-        """The kernel message id an AG-UI text id was minted from (``_fresh`` undone)."""
-        base, tilde, n = agui_id.rpartition("~")
-        if tilde and n.isdigit():
-            agui_id = base
-        if self._namespace and agui_id.endswith(f"@{self._namespace}"):
-            agui_id = agui_id[: -len(self._namespace) - 1]
-        return agui_id
-
-    def restore(self, events: Iterable[dict[str, Any]]) -> None:
-        """Take up a run whose first events another process sent (its journal): the ids
-        they used, the spans they left open, the text each kernel message showed, the tool
-        calls that have their result, the pipeline envelopes delivered. Usage the dead
-        process summed is not in the events: the final usage counts what follows."""
-        for event in events:
-            kind = event.get("type")
-            mid = event.get("messageId")
-            if isinstance(mid, str):
-                self._used_ids.add(mid)
-            if kind == "TEXT_MESSAGE_START" and isinstance(mid, str):
-                self._open_text[mid] = None
-                self._text_alias[self._kernel_id(mid)] = mid
-                self._current_text = mid
-            elif kind == "TEXT_MESSAGE_CONTENT" and isinstance(mid, str):
-                self._shown.setdefault(self._kernel_id(mid), []).append(str(event.get("delta") or ""))
-                self.text_emitted = True
-            elif kind == "TEXT_MESSAGE_END" and isinstance(mid, str):
-                self._open_text.pop(mid, None)
-                if self._current_text == mid:
-                    self._current_text = next(reversed(self._open_text), None) if self._open_text else None
-            elif kind == "TOOL_CALL_START":
-                self._started_tools.add(str(event.get("toolCallId")))
-                self._open_tools[str(event.get("toolCallId"))] = None
-            elif kind == "TOOL_CALL_ARGS":
-                self._restored_args.add(str(event.get("toolCallId")))
-            elif kind == "TOOL_CALL_END":
-                self._open_tools.pop(str(event.get("toolCallId")), None)
-            elif kind == "TOOL_CALL_RESULT":
-                self._tool_results.add(str(event.get("toolCallId")))
-            elif kind == "REASONING_START" and isinstance(mid, str):
-                self._open_reasoning[mid] = None
-            elif kind == "REASONING_END" and isinstance(mid, str):
-                self._open_reasoning.pop(mid, None)
-            elif kind == "STEP_STARTED":
-                key = step_key_of(str(event.get("stepName")))
-                self._active_steps[key] = None
-                self.pipeline.open_steps.add(key)
-            elif kind == "STEP_FINISHED":
-                key = step_key_of(str(event.get("stepName")))
-                self._active_steps.pop(key, None)
-                self.pipeline.open_steps.discard(key)
-            elif kind == "CUSTOM" and event.get("name") == pl.PIPELINE_EVENT and isinstance(event.get("value"), dict):
-                envelope = event["value"]
-                self.pipeline_seen = True
-                if isinstance(envelope.get("eventId"), str):
-                    self._event_ids.add(envelope["eventId"])
-                sequence = pl.sequence_of(envelope)
-                if sequence is not None:
-                    self.pipeline.mark(sequence)
-                run_id = envelope.get("pipelineRunId")
-                if self.pipeline.run_id is None and isinstance(run_id, str) and run_id:
-                    self.pipeline.run_id = run_id
-
-    def reconcile(self, task: dict[str, Any], ts: int) -> list[Event]:
-        """The text the kernel produced while no process followed the run: the task's
-        snapshot (the first frame of ``SubscribeToTask``, or ``GetTask`` of a task that no
-        longer runs) holds every agent delta so far (``history``, then ``status.message``);
-        what each kernel message holds beyond what was shown of it is sent now, so the text
-        ends up the kernel's. The kernel's final repeat of the answer (a message whose text
-        is the text of the messages before it) is not text of its own. The tool calls are not
-        in the snapshot: the adopter reads them from the kernel's conversation once the
-        snapshot arrived (``gap_tool_calls``, ``gap_tool_results``: ``adoption``); those the
-        journal does not hold are sent first, each call's START/ARGS/END (or the rest of
-        them) and its result, with the ids a live run gives them. What neither gives back
-        (reasoning deltas, tool progress) is not made up."""
-        out: list[Event] = []
-        for call in self.gap_tool_calls:
-            tool_id = call.tool_call_id
-            if tool_id not in self._started_tools:
-                self._started_tools.add(tool_id)
-                self._open_tools[tool_id] = None
-                out.append(ev.tool_start(ts, tool_id, call.name, self._current_text))
-            if tool_id in self._open_tools:  # ARGS go out with END (``input_complete``)
-                if tool_id not in self._restored_args:  # a journal cut between the two holds them
-                    out.append(ev.tool_args(ts, tool_id, call.arguments))
-                del self._open_tools[tool_id]
-                out.append(ev.tool_end(ts, tool_id))
-        for tool_id, result in self.gap_tool_results:
-            self.emit_tool_result(tool_id, result, ts, out)  # once per call: the journal's count
-        self.gap_tool_calls, self.gap_tool_results = [], []
-        messages: list[dict[str, Any]] = [m for m in task.get("history") or [] if isinstance(m, dict)]
-        status = task.get("status")
-        state = normalize_state(status.get("state")) if isinstance(status, dict) else None
-        current = status.get("message") if isinstance(status, dict) else None
-        if isinstance(current, dict) and state not in TERMINAL_STATES:
-            messages.append(current)
-        texts: list[tuple[str, str]] = []
-        for message in messages:
-            if message.get("role") not in (None, "ROLE_AGENT", "agent"):
-                continue
-            parts = message.get("parts")
-            text = "".join(p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
-            message_id = _str(message.get("messageId")) or "assistant"
-            if text:
-                texts.append((message_id, text))
-        whole: dict[str, str] = {}
-        order: list[str] = []
-        pieces: list[str] = []
-        for message_id, text in texts:
-            if message_id not in whole and any(text == "".join(pieces[j:]) for j in range(len(pieces))):
-                continue  # the final repeat of the answer
-            pieces.append(text)
-            if message_id not in whole:
-                whole[message_id] = ""
-                order.append(message_id)
-            whole[message_id] += text
-        for message_id in order:
-            shown = "".join(self._shown.get(message_id, []))
-            text = whole[message_id]
-            if not text.startswith(shown):
-                continue  # the journal no longer holds the start of it: nothing is made up
-            rest = text[len(shown) :]
-            if rest:
-                if message_id not in self._shown:
-                    self._shown[message_id] = []
-                self.emit_text(message_id, rest, ts, out)
-        return out
 
     # --- the end ------------------------------------------------------------------------
     def close_all(self, ts: int) -> list[Event]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from agui_adapter.protocol import events as ev
 from agui_adapter.run.adoption import orphaned
+from agui_adapter.run.reconcile import GapToolCall, Reconciliation, gap_tool_calls
 from agui_adapter.run.translation import RunTranslator, inspect_frame
 from agui_adapter.state.journal import JournalStore, JournalWriter, scan_run, writer_alive
 
@@ -37,11 +38,11 @@ def test_the_subscribe_snapshot_gives_back_the_deltas_of_the_gap_and_the_live_st
     before = shown_before_the_drop(RunTranslator("t", "r"))
     assert text(before) == "Chunk 1. Chunk 2. Chunk 3. "
     adopter = RunTranslator("t", "r")
-    adopter.restore(before)
+    catching_up = Reconciliation(adopter, before)
     frames = lines("04-subscribe-after-drop.jsonl")
     snapshot = inspect_frame(frames[0])
     assert snapshot.kind == "task"
-    after = adopter.reconcile(snapshot.body, 2) + adopter.map(snapshot, 2)
+    after = catching_up.reconcile(snapshot.body, 2) + adopter.map(snapshot, 2)
     for frame in frames[1:]:
         after += adopter.map(inspect_frame(frame), 3)
     after += adopter.finish(4, {"type": "success"})
@@ -56,30 +57,29 @@ def test_the_subscribe_snapshot_gives_back_the_deltas_of_the_gap_and_the_live_st
 
 def test_a_task_that_ended_with_nobody_following_is_concluded_from_its_final_snapshot() -> None:
     before = shown_before_the_drop(RunTranslator("t", "r"))
-    adopter = RunTranslator("t", "r")
-    adopter.restore(before)
+    catching_up = Reconciliation(RunTranslator("t", "r"), before)
     task = json.loads((DATA / "05-gettask-after-end.json").read_text())["result"]
     info = inspect_frame({"result": {"task": task}})
     assert info.state == "input-required"
-    after = adopter.reconcile(info.body, 2)
+    after = catching_up.reconcile(info.body, 2)
     # the history holds every delta and the final repeat: the repeat is not text of its own
     assert text(before + after) == "".join(f"Chunk {i}. " for i in range(1, 11))
 
 
 def test_nothing_is_made_up_when_the_journal_lost_the_start_of_a_message() -> None:
-    adopter = RunTranslator("t", "r")
-    adopter.restore([ev.text_start(1, "m"), ev.text_content(1, "m", "something else")])
+    journal = [ev.text_start(1, "m"), ev.text_content(1, "m", "something else")]
+    catching_up = Reconciliation(RunTranslator("t", "r"), journal)
     task = {
         "status": {"state": "TASK_STATE_WORKING"},
         "history": [{"role": "ROLE_AGENT", "messageId": "m", "parts": [{"text": "Chunk 1. "}]}],
     }
-    assert adopter.reconcile(task, 2) == []
+    assert catching_up.reconcile(task, 2) == []
 
 
 def test_restore_keeps_ids_unique_and_closes_what_was_left_open() -> None:
     first = RunTranslator("t", "r")
     events = [ev.text_start(1, "m"), ev.text_content(1, "m", "a"), ev.tool_start(1, "call-1", "read_file", "m")]
-    first.restore(events)
+    Reconciliation(first, events)
     closing = first.close_all(2)
     assert [e["type"] for e in closing] == ["TOOL_CALL_END", "TEXT_MESSAGE_END"]
 
@@ -125,7 +125,6 @@ def test_the_tool_calls_of_the_gap_are_the_ones_each_recorded_run_streamed() -> 
     recorded run, taken as the run being adopted (its task not written yet), the calls and
     results it finds are those the run streamed, with the same ids and arguments; a run
     whose journal holds none of them gets them all back from ``reconcile``."""
-    from agui_adapter.run.adoption import gap_tool_calls
     from agui_adapter.run.identity import run_tag
     from agui_adapter.state.record import RunEntry
 
@@ -159,8 +158,7 @@ def test_the_tool_calls_of_the_gap_are_the_ones_each_recorded_run_streamed() -> 
         assert results == [(e["toolCallId"], e["content"]) for e in events if e["type"] == "TOOL_CALL_RESULT"]
         found_any += len(calls) + len(results)
         # the adopter of a run whose journal holds only RUN_STARTED sends them as the run did
-        adopter = RunTranslator("t", run_id, id_namespace=namespace)
-        adopter.restore(events[:1])
+        adopter = Reconciliation(RunTranslator("t", run_id, id_namespace=namespace), events[:1])
         adopter.gap_tool_calls, adopter.gap_tool_results = calls, results
         sent = [e for e in adopter.reconcile({"history": []}, 5) if e["type"].startswith("TOOL_CALL")]
         kept = ("type", "toolCallId", "toolCallName", "delta", "content", "messageId")
@@ -173,8 +171,6 @@ def test_the_tool_calls_of_the_gap_are_the_ones_each_recorded_run_streamed() -> 
 
 
 def test_reconcile_finishes_a_tool_call_the_journal_left_open_and_sends_nothing_twice() -> None:
-    from agui_adapter.run.translation import GapToolCall
-
     journal = [
         ev.run_started(1, "t", "r"),
         ev.tool_start(1, "call-1", "read_file", None),  # the dead process sent START only
@@ -184,10 +180,10 @@ def test_reconcile_finishes_a_tool_call_the_journal_left_open_and_sends_nothing_
         ev.tool_result(1, "tool-result-call-0", "call-0", "done"),
     ]
     adopter = RunTranslator("t", "r")
-    adopter.restore(journal)
-    adopter.gap_tool_calls = [GapToolCall("call-0", "ls", "{}"), GapToolCall("call-1", "read_file", '{"path":"x"}')]
-    adopter.gap_tool_results = [("call-0", "done"), ("call-1", "read 3 lines")]
-    sent = adopter.reconcile({"history": []}, 2)
+    catching_up = Reconciliation(adopter, journal)
+    catching_up.gap_tool_calls = [GapToolCall("call-0", "ls", "{}"), GapToolCall("call-1", "read_file", '{"path":"x"}')]
+    catching_up.gap_tool_results = [("call-0", "done"), ("call-1", "read 3 lines")]
+    sent = catching_up.reconcile({"history": []}, 2)
     assert [(e["type"], e.get("toolCallId")) for e in sent] == [
         ("TOOL_CALL_ARGS", "call-1"),
         ("TOOL_CALL_END", "call-1"),
@@ -200,7 +196,9 @@ def test_reconcile_finishes_a_tool_call_the_journal_left_open_and_sends_nothing_
     adopter.emit_tool_result("call-1", "read 3 lines", 3, out)
     assert out == []
     # a journal cut between a call's ARGS and its END: only the END is owed
-    cut = RunTranslator("t", "r")
-    cut.restore([ev.run_started(1, "t", "r"), ev.tool_start(1, "call-2", "ls", None), ev.tool_args(1, "call-2", "{}")])
+    cut = Reconciliation(
+        RunTranslator("t", "r"),
+        [ev.run_started(1, "t", "r"), ev.tool_start(1, "call-2", "ls", None), ev.tool_args(1, "call-2", "{}")],
+    )
     cut.gap_tool_calls = [GapToolCall("call-2", "ls", "{}")]
     assert [e["type"] for e in cut.reconcile({"history": []}, 2)] == ["TOOL_CALL_END"]
