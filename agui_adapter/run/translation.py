@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +262,7 @@ class RunTranslator:
         self.gap_tool_calls: list[GapToolCall] = []
         self.gap_tool_results: list[tuple[str, str]] = []  # (tool call id, result)
         self._restored_args: set[str] = set()  # open tool calls whose ARGS the journal holds
+        self.gap_artifacts: Callable[[dict[str, Any], int], list[Event]] | None = None  # run.gap_artifacts
 
     # --- ids ------------------------------------------------------------------------
     def _fresh(self, base: str) -> str:
@@ -617,6 +618,7 @@ class RunTranslator:
         for tool_id, result in self.gap_tool_results:
             self.emit_tool_result(tool_id, result, ts, out)  # once per call: the journal's count
         self.gap_tool_calls, self.gap_tool_results = [], []
+        out += self.gap_artifacts(task, ts) if self.gap_artifacts is not None else []
         messages: list[dict[str, Any]] = [m for m in task.get("history") or [] if isinstance(m, dict)]
         status = task.get("status")
         state = normalize_state(status.get("state")) if isinstance(status, dict) else None

@@ -33,7 +33,7 @@ KERNEL_CLIENT_FROM_HTTP = {"agui_adapter.http.rules"}
 
 #: The run's sans-I/O modules (README, design card): no sockets, files, threads or clocks.
 PURE_RUN = {
-    "answers", "context", "effects", "endings", "history", "identity", "interrupts", "loop", "machine",
+    "answers", "context", "effects", "endings", "gap_artifacts", "history", "identity", "interrupts", "loop", "machine",
     "outbound", "pipeline_progress", "pipeline_state", "process_gone", "resume", "resume_replies",
     "resume_steps", "stream_end", "task_lost", "transitions", "translation",
 }  # fmt: skip
