@@ -40,7 +40,8 @@ config = Path(tempfile.mkdtemp()) / "a2a.yaml"
 config.write_text("auto_approve_permissions: true\n")
 with RealKernel(slow_interval=0.5, extra_args=["--config", str(config)]) as k:
     tmp = k.tmp_dir
-    it = k.iter_stream("SendStreamingMessage", {"message": k.message("[WRITE] [SLOW] [SLOW-AFTER] write it", "ctx-sub-3")})
+    turn = k.message("[WRITE] [SLOW] [SLOW-AFTER] write it", "ctx-sub-3")
+    it = k.iter_stream("SendStreamingMessage", {"message": turn})
     head = []
     for item in it:
         head.append(item)
