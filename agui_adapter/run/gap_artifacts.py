@@ -9,7 +9,7 @@ run's process was dead reached no journal. The kernel's task snapshot, the first
 repeat them. So the adopter sends, in the shape a live run sends them, the snapshot's artifacts
 whose ``artifactId`` the run's journal does not hold: ``RunTranslator.reconcile`` calls
 ``RunTranslator.gap_artifacts`` with the snapshot after the gap's tool results (where a live run
-has them), which the adopter (``adoption.AdoptedDriver``) sets to ``gap_artifact_events`` of the
+has them), which the adopter (``adoption.Adoption``) sets to ``gap_artifact_events`` of the
 snapshot and the journal's ids.
 
 Only a run that began its task is given them: a Resume continues a task whose earlier runs
