@@ -46,6 +46,7 @@ from typing import Any
 from agui_adapter.ops.faults import describe
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.validation import IacCodeProps, RunInput
+from agui_adapter.run import gap_artifacts
 from agui_adapter.run.admitted import Admission
 from agui_adapter.run.driver import RunDriver
 from agui_adapter.run.effects import Mode
@@ -395,6 +396,9 @@ class Adoption:
                 adopted_events=events,
                 adopted_pipeline=read_pipeline_note(directory),
             )
+            if mode is not Mode.RESUME:  # a Resume's snapshot holds earlier runs' artifacts only
+                assert machine.reconciliation is not None  # an adopted run's
+                machine.reconciliation.gap_artifacts = gap_artifacts.for_journal(events)
             driver = AdoptedDriver(services, admission, machine, writer, last)
         except BaseException:
             self._slots.give()

@@ -16,7 +16,7 @@ translator's span bookkeeping directly: it is the translator's other way in, bes
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -92,6 +92,8 @@ class Reconciliation:
         self.gap_tool_calls: list[GapToolCall] = []
         self.gap_tool_results: list[tuple[str, str]] = []  # (tool call id, result)
         self._restored_args: set[str] = set()  # open tool calls whose ARGS the journal holds
+        # the artifacts the task snapshot holds beyond the journal's (``run.gap_artifacts``)
+        self.gap_artifacts: Callable[[dict[str, Any], int], list[Event]] | None = None
         self._restore(journal)
 
     def _kernel_id(self, agui_id: str) -> str:
@@ -187,6 +189,7 @@ class Reconciliation:
         for tool_id, result in self.gap_tool_results:
             t.emit_tool_result(tool_id, result, ts, out)  # once per call: the journal's count
         self.gap_tool_calls, self.gap_tool_results = [], []
+        out += self.gap_artifacts(task, ts) if self.gap_artifacts is not None else []
         messages: list[dict[str, Any]] = [m for m in task.get("history") or [] if isinstance(m, dict)]
         status = task.get("status")
         state = normalize_state(status.get("state")) if isinstance(status, dict) else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _DIRECTIVE_RE = re.compile(
-    r"\[(?P<flag>THINK|TOOL|PROGRESS|WRITE|ASK|SLOW|FAIL|IMAGES|ECHO|RECALL"
+    r"\[(?P<flag>THINK|TOOL|PROGRESS|WRITE|AUTO|ASK|SLOW|FAIL|IMAGES|ECHO|RECALL"
     r"|PIPE-(?:ASK|CANDIDATES|PERMS|RESOURCE|FAIL|OOO|SLOW))\]"
     r"|\[(?P<arg>SILENT|FAST)\s+(?P<num>\d+(?:\.\d*)?|\.\d+)\]"
 )

@@ -131,7 +131,7 @@ def script_turn(run: Run, *, turn: Turn, task_frame: dict[str, Any] | None) -> N
         _script_fail(run)
         return
     if "WRITE" in d:
-        _script_write(run)
+        _script_write(run, auto="AUTO" in d, slow="SLOW" in d)
         return
     if "ASK" in d:
         _script_ask(run)
@@ -269,13 +269,16 @@ def write_file_result(language: str, cwd: str, path: str, content: str) -> tuple
     return False, texts["wrote"].format(lines=content.count("\n"), path=target)
 
 
-def _script_write(run: Run) -> None:
+def _script_write(run: Run, *, auto: bool = False, slow: bool = False) -> None:
     language = run.task.language
     run.delta("I will write the file now.")
     tool_use_id = "call_write_" + random_hex(12)
     tool_input = {"content": WRITE_CONTENT, "path": WRITE_PATH}
     run.tool_call(tool_use_id, "write_file", tool_input)
     run.end_llm_call()
+    if auto:  # a kernel that approves permissions itself (``auto_approve_permissions``) asks nobody
+        _run_write(run, tool_use_id, "write_file", tool_input, "allow_once", slow=slow)
+        return
     shown = write_permission_shown(language, WRITE_PATH, WRITE_CONTENT)
     run.interrupt(
         Pending.for_permission(
@@ -297,12 +300,17 @@ def script_permission_answer(run: Run, *, pending: Pending, decision: str) -> No
         "inputId": pending.input_id,
     }
     run.status(WORKING, metadata={"iac_code": {"inputReceived": received}})
-    texts = _PERMISSION_TEXTS.get(run.task.language, _PERMISSION_TEXTS["en"])
     name = pending.envelope.get("toolName", "write_file")
+    _run_write(run, pending.tool_use_id, name, pending.extra, decision)
+
+
+def _run_write(run: Run, tool_use_id: str, name: str, extra: dict[str, Any], decision: str, slow: bool = False) -> None:
+    """The permitted (or denied) write: the file, its ``artifactUpdate``, the tool's end, the reply."""
+    texts = _PERMISSION_TEXTS.get(run.task.language, _PERMISSION_TEXTS["en"])
     tool_artifact: dict[str, Any] | None = None
     if decision == "allow_once":
-        path = os.path.join(run.task.cwd, pending.extra["path"])
-        data = pending.extra["content"].encode("utf-8")
+        path = os.path.join(run.task.cwd, extra["path"])
+        data = extra["content"].encode("utf-8")
         try:
             os.makedirs(run.task.cwd, exist_ok=True)
             with open(path, "wb") as handle:
@@ -316,7 +324,7 @@ def script_permission_answer(run: Run, *, pending: Pending, decision: str) -> No
     else:
         result = f"The user denied permission to run {name}."
     outcome: dict[str, Any] = {
-        "toolUseId": pending.tool_use_id,
+        "toolUseId": tool_use_id,
         "result": result,
         "name": name,
         "status": "failed" if tool_artifact is None else "completed",
@@ -324,7 +332,12 @@ def script_permission_answer(run: Run, *, pending: Pending, decision: str) -> No
     if tool_artifact is not None:
         outcome["artifact"] = tool_artifact
     run.tool(outcome)
-    run.deltas(["Tool finished. ", "Result: ", result])
+    if slow:
+        for piece in ["Tool finished. ", "Result: ", result]:
+            run.sleep(1.0)
+            run.delta(piece)
+    else:
+        run.deltas(["Tool finished. ", "Result: ", result])
     run.finish_reply()
 
 

@@ -150,6 +150,41 @@ def test_a_tool_call_made_while_no_adapter_was_alive_is_sent_by_the_adopter(
     assert result["messageId"] in [m["id"] for m in messages]
 
 
+def gap_artifacts_made(kernel: ScriptedKernel, task_id: str) -> list[dict[str, Any]]:
+    """The artifacts the kernel's task holds (what its snapshots carry)."""
+    with kernel.state.lock:
+        task = kernel.state.tasks.get(task_id)
+        return list(task.artifacts) if task is not None else []
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["subscribed", "ended"])
+def test_an_artifact_made_while_no_adapter_was_alive_reaches_the_reattached_client_once(
+    adapter_process: Any, kernel: ScriptedKernel, workspace: Path, ended: bool
+) -> None:
+    a = start(adapter_process, kernel)
+    body = run_body("[SILENT 3] [WRITE] [AUTO] [SLOW] write it", cwd=str(workspace))
+    first = LiveStream(Client(a.url), body)
+    task_id = first.session()["taskId"]
+    seen = first.read_events(1)
+    a.kill()  # before the write: the kernel writes the file (an artifact) with no adapter alive
+    [made] = wait_for(lambda: gap_artifacts_made(kernel, task_id), 20)
+    if ended:  # the task ended too: the adopter reads it with GetTask; else SubscribeToTask's snapshot
+        wait_for(lambda: kernel.state.tasks[task_id].status["state"] == "TASK_STATE_INPUT_REQUIRED", 20)
+    b = start(adapter_process, kernel)
+    events = joined(seen, reattach(Client(b.url), body, seen[-1][0], "get").rest())
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, events[-1]
+    artifacts = [e for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.artifact.v1"]
+    assert [a["value"]["artifactId"] for a in artifacts] == [made["artifactId"]]  # once
+    # as an uninterrupted run sends it: the same keys, in the same place (after the tool's result)
+    whole = Client(b.url).run(run_body("[WRITE] [AUTO] write it", cwd=str(workspace)))
+    [live] = [e for e in whole.events if e["type"] == "CUSTOM" and e["name"] == "iac-code.artifact.v1"]
+    assert set(artifacts[0]["value"]) == set(live["value"]) and artifacts[0]["value"]["name"] == "hello.txt"
+    [result] = [i for i, e in enumerate(events) if e["type"] == "TOOL_CALL_RESULT"]
+    assert events.index(artifacts[0]) > result
+    assert text_of(events).endswith("Tool finished. Result: " + text_of(whole.events).split("Result: ")[1])
+    assert (workspace / "hello.txt").exists()
+
+
 def test_sigterm_with_handover_closes_streams_without_a_terminal_event_and_the_next_process_adopts(
     adapter_process: Any, kernel: ScriptedKernel, workspace: Path
 ) -> None:

@@ -215,3 +215,42 @@ def test_kill_9_in_the_middle_of_a_pipeline_step(
     answer = select_candidate(body, selection)
     done = Client(b.url).run(answer)
     assert done.terminal["type"] == "RUN_FINISHED" and done.terminal["outcome"] == {"type": "success"}
+
+
+def test_an_artifact_made_while_no_adapter_is_alive_reaches_the_reattached_client_once(
+    tmp_path: Path, tag: str
+) -> None:
+    """A kernel that approves permissions itself (``auto_approve_permissions``, its ``--config``)
+    runs ``write_file`` after the adapter was killed: the artifact is only in the task's
+    snapshot (``tests/data/a2a-subscribe/`` 10-13), and the adopter sends it, once."""
+    config = tmp_path / "a2a.yaml"
+    config.write_text("auto_approve_permissions: true\n")
+    with RealKernel(require_kernel_venv(), slow_interval=SLOW_INTERVAL, extra_args=["--config", str(config)]) as kernel:
+        (tmp_path / "outside").mkdir()
+        adapters = Adapters(kernel, tmp_path, tmp_path / "outside")
+        try:
+            ws = kernel.workdir / "ws-artifact"
+            a = adapters.start()
+            prompt = f"[WRITE] [SLOW] [SLOW-AFTER] write it {tag}"
+            body = run_body(prompt, thread_id=thread_id("adopt-art"), cwd=str(ws))
+            first = LiveStream(Client(a.url), body)
+            task_id = first.session()["taskId"]
+            seen = first.read_events(1)
+            a.kill()  # before the tool call: the kernel writes the file with no adapter alive
+            deadline = time.monotonic() + 30
+            while not get_task(kernel, task_id).get("artifacts"):
+                assert time.monotonic() < deadline, get_task(kernel, task_id)
+                time.sleep(0.1)
+            [made] = get_task(kernel, task_id)["artifacts"]
+            b = adapters.start()
+            events = joined(seen, come_back("get", b.url, body, seen[-1][0]).rest())
+            assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}, events[-1]
+            artifacts = [e for e in events if e["type"] == "CUSTOM" and e["name"] == "iac-code.artifact.v1"]
+            assert [e["value"]["artifactId"] for e in artifacts] == [made["artifactId"]]
+            value = artifacts[0]["value"]
+            assert value["name"] == "hello.txt" and value["parts"][0]["metadata"]["byteSize"] == 24
+            assert [e["type"] for e in events].count("TOOL_CALL_RESULT") == 1
+            assert "Tool finished. Result: " in text_of(events)
+            official(events)
+        finally:
+            adapters.stop_all()

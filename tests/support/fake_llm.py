@@ -7,7 +7,8 @@ kernel sends, using markers in the latest user message:
 ``[PIPE-ASK]``  (pipeline turn: the tools include ``ask_user_question`` and ``complete_step``)
                 ``ask_user_question`` with the options cn-hangzhou / cn-shanghai; once that
                 question has been answered, ``complete_step``.
-(tool result)   when the last message is a tool result: "Tool finished. Result: <result>".
+(tool result)   when the last message is a tool result: "Tool finished. Result: <result>"
+                (with ``[SLOW-AFTER]`` in the user's message, its chunks ``slow_interval`` apart).
 ``[PIPE-SELL]`` (pipeline turn of the real ``selling`` pipeline) every step is played, recognised
                 by the skill named in its system prompt (:func:`pipeline_step`): intent (with
                 ``[PIPE-ASK]`` first the region question), architecture (two candidates), per
@@ -206,7 +207,8 @@ class Script:
             return self._pipe_ask(messages)
         if after_tool:
             result = message_text(last)[:200]
-            return Reply("tool-result", _text_deltas(["Tool finished. ", "Result: ", result]))
+            delay = self.slow_interval if "[SLOW-AFTER]" in last_user else 0.0
+            return Reply("tool-result", _text_deltas(["Tool finished. ", "Result: ", result]), delay=delay)
         if "[FAIL]" in last_user:
             return Reply("fail", error_status=FAIL_STATUS, error_body=FAIL_BODY)
         if "[WRITE]" in last_user:

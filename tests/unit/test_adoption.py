@@ -202,3 +202,56 @@ def test_reconcile_finishes_a_tool_call_the_journal_left_open_and_sends_nothing_
     )
     cut.gap_tool_calls = [GapToolCall("call-2", "ls", "{}")]
     assert [e["type"] for e in cut.reconcile({"history": []}, 2)] == ["TOOL_CALL_END"]
+
+
+def _artifact_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from agui_adapter.run.translation import ARTIFACT_EVENT
+
+    return [e for e in events if e["type"] == "CUSTOM" and e["name"] == ARTIFACT_EVENT]
+
+
+def test_the_artifact_made_while_no_process_followed_comes_back_once_from_the_subscribe_snapshot() -> None:
+    """Captures 10 and 12: ``write_file`` ran after the dead process's last frame; the snapshot's
+    ``artifacts`` give it back, in the shape a live run's ``artifactUpdate`` gives it."""
+    from agui_adapter.run import gap_artifacts
+
+    before: list[dict[str, Any]] = []
+    dead = RunTranslator("t", "r")
+    for frame in lines("10-auto-write-before-drop.jsonl"):
+        before += dead.map(inspect_frame(frame), 1)
+    assert _artifact_events(before) == []
+    adopter = RunTranslator("t", "r")
+    catching_up = Reconciliation(adopter, before)
+    catching_up.gap_artifacts = gap_artifacts.for_journal(before)
+    frames = lines("12-subscribe-after-artifact.jsonl")
+    snapshot = inspect_frame(frames[0])
+    after = catching_up.reconcile(snapshot.body, 2) + adopter.map(snapshot, 2)
+    for frame in frames[1:]:
+        after += adopter.map(inspect_frame(frame), 3)
+    after += adopter.finish(4, {"type": "success"})
+    [artifact] = snapshot.body["artifacts"]
+    live = RunTranslator("t", "r").map(inspect_frame({"result": {"artifactUpdate": {"artifact": artifact}}}), 2)
+    assert _artifact_events(after) == live  # once, as a live run sends it
+    value = live[0]["value"]
+    assert value["artifactId"] == artifact["artifactId"] and value["parts"][0]["metadata"]["byteSize"] == 24
+    types = [e["type"] for e in after]
+    assert types.index("CUSTOM") < types.index("TEXT_MESSAGE_CONTENT")  # before the gap's text, as live
+    # an adopter whose journal already holds it sends nothing more
+    again = Reconciliation(RunTranslator("t", "r"), before + live)
+    again.gap_artifacts = gap_artifacts.for_journal(before + live)
+    assert _artifact_events(again.reconcile(snapshot.body, 2)) == []
+
+
+def test_the_artifact_of_a_task_that_ended_unfollowed_comes_back_from_get_task() -> None:
+    """Capture 13 (``GetTask`` after the end): the artifact, once; capture 15: the stored task of a
+    Resume whose stream closed holds none (the kernel never learnt it), and nothing is made up."""
+    from agui_adapter.run.gap_artifacts import gap_artifact_events, journal_artifact_ids
+
+    ended = json.loads((DATA / "13-gettask-artifact-after-end.json").read_text())["result"]
+    events = gap_artifact_events(ended, journal_artifact_ids([]), 5)
+    assert [e["value"]["artifactId"] for e in events] == [a["artifactId"] for a in ended["artifacts"]]
+    assert gap_artifact_events(ended, journal_artifact_ids(events), 6) == []
+    twice = {**ended, "artifacts": ended["artifacts"] * 2}
+    assert len(gap_artifact_events(twice, (), 5)) == 1
+    stale = json.loads((DATA / "15-gettask-after-answer-drop.json").read_text())["result"]
+    assert "artifacts" not in stale and gap_artifact_events(stale, (), 5) == []

@@ -33,9 +33,9 @@ KERNEL_CLIENT_FROM_HTTP = {"agui_adapter.http.rules"}
 
 #: The run's sans-I/O modules (README, design card): no sockets, files, threads or clocks.
 PURE_RUN = {
-    "answers", "context", "effects", "endings", "history", "identity", "interrupts", "loop", "machine",
-    "outbound", "pipeline_progress", "pipeline_state", "process_gone", "reconcile", "resume", "resume_replies",
-    "resume_steps", "stream_end", "task_lost", "transitions", "translation", "usage",
+    "answers", "context", "effects", "endings", "gap_artifacts", "history", "identity", "interrupts", "loop",
+    "machine", "outbound", "pipeline_progress", "pipeline_state", "process_gone", "reconcile", "resume",
+    "resume_replies", "resume_steps", "stream_end", "task_lost", "transitions", "translation", "usage",
 }  # fmt: skip
 #: What of the adapter the pure modules may use: the AG-UI side, the thread record's values and
 #: the kernel client's failure values (``KernelRejected``), never the client or the disk.
