@@ -30,12 +30,14 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from agui_adapter.http.rules import (
     LAST_CHUNK,
     BodyFraming,
     ChunkedDecoder,
+    Framing,
     ProtocolError,
     Request,
     ResponseHead,
@@ -57,10 +59,17 @@ CLIENT_GONE_KEY = "agui.client_gone"
 _RDHUP = getattr(select, "POLLRDHUP", 0)
 _HANGUP_EVENTS = select.POLLHUP | select.POLLERR | (_RDHUP or select.POLLIN)
 
-# connection states
-IDLE = "idle"  # waiting for the next request of a keep-alive connection
-READING = "reading"  # a request's line, headers (and body) are arriving
-ACTIVE = "active"  # the application has the request
+
+
+class ConnState(str, Enum):
+    """Where a connection stands (a ``str`` enum: a member equals its value, ``"idle"``)."""
+
+    IDLE = "idle"
+    """Waiting for the next request of a keep-alive connection (or the first of a new one)."""
+    READING = "reading"
+    """A request's line, headers (and body) are arriving."""
+    ACTIVE = "active"
+    """The application has the request."""
 
 
 class BodyError(OSError):
@@ -86,7 +95,7 @@ class ConnectionInfo:
     """A snapshot of one open connection (see ``WSGIServer.connections``)."""
 
     peer: str
-    state: str
+    state: ConnState
     reserve: bool
     opened: float
     requests: int
@@ -103,7 +112,7 @@ class Connection:
         self.sock = sock
         self.peer = peer
         self.reserve = reserve
-        self.state = READING
+        self.state = ConnState.READING
         self.opened = time.monotonic()
         self.requests = 0
         self.path = ""
@@ -538,10 +547,10 @@ class Response:
             first = b""
         if head.no_body or not data:
             out = first
-        elif head.framing == "chunked":
+        elif head.framing is Framing.CHUNKED:
             out = encode_chunk(data, first)
         else:
-            if head.framing == "length" and len(data) > head.length - self.written:
+            if head.framing is Framing.LENGTH and len(data) > head.length - self.written:
                 log.warning("%s: the application wrote more than its Content-Length", self.req.path)
                 data = data[: head.length - self.written]
                 self.keep_alive = False
@@ -554,8 +563,8 @@ class Response:
         if self.head is None:
             self.write(b"")
         assert self.head is not None
-        if self.head.framing == "chunked":
+        if self.head.framing is Framing.CHUNKED:
             self.conn.send(LAST_CHUNK, self.send_timeout)
-        elif self.head.framing == "length" and self.written != self.head.length:
+        elif self.head.framing is Framing.LENGTH and self.written != self.head.length:
             log.warning("%s: the application wrote less than its Content-Length", self.req.path)
             self.keep_alive = False

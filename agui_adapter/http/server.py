@@ -55,19 +55,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from agui_adapter.http.connection import (
-    ACTIVE,
     CLIENT_GONE_KEY,
-    IDLE,
-    READING,
     RECV,
     BodyError,
     Connection,
     ConnectionInfo,
+    ConnState,
     Deadline,
     PeerGone,
     Reader,
@@ -106,6 +105,14 @@ class ServerLimits:
     linger_bytes: int = 16 * 1024 * 1024
     """When closing with a body unread, read and drop up to this much so the client sees the answer."""
     linger_seconds: float = 2.0
+
+
+class Slot(Enum):
+    """The place an accepted connection gets: within the limit, in the reserve, or none (503)."""
+
+    REGULAR = "regular"
+    RESERVE = "reserve"
+    NONE = "none"
 
 
 class WSGIServer:
@@ -230,21 +237,21 @@ class WSGIServer:
             if self._regular >= limits.max_connections:
                 evict = self._oldest_idle()
             if self._regular < limits.max_connections or evict is not None:
-                reserve = False
+                slot = Slot.REGULAR
             elif self._reserve < limits.reserve_connections:
-                reserve = True
+                slot = Slot.RESERVE
             else:
-                reserve = None
-            if reserve is not None:
-                conn = Connection(sock, peer, reserve)
+                slot = Slot.NONE
+            if slot is not Slot.NONE:
+                conn = Connection(sock, peer, slot is Slot.RESERVE)
                 self._connections[id(conn)] = conn
-                if reserve:
+                if conn.reserve:
                     self._reserve += 1
                 else:
                     self._regular += 1
         if evict is not None:
             evict.abort()
-        if reserve is None:
+        if slot is Slot.NONE:
             self._refuse(sock)
             return
         try:
@@ -254,7 +261,7 @@ class WSGIServer:
             self._refuse(sock)
 
     def _oldest_idle(self) -> Connection | None:
-        idle = [c for c in self._connections.values() if c.state == IDLE and not c.aborted and not c.reserve]
+        idle = [c for c in self._connections.values() if c.state is ConnState.IDLE and not c.aborted and not c.reserve]
         if not idle:
             return None
         victim = min(idle, key=lambda c: c.opened)
@@ -280,7 +287,7 @@ class WSGIServer:
         with self._lock:
             self._accepting = False
             self.draining = True
-            idle = [c for c in self._connections.values() if c.state == IDLE]
+            idle = [c for c in self._connections.values() if c.state is ConnState.IDLE]
         try:
             self.socket.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -317,7 +324,7 @@ class WSGIServer:
     def close_idle(self) -> int:
         """Close the keep-alive connections waiting for a request; how many there were."""
         with self._lock:
-            idle = [c for c in self._connections.values() if c.state == IDLE]
+            idle = [c for c in self._connections.values() if c.state is ConnState.IDLE]
         for conn in idle:
             conn.abort()
         return len(idle)
@@ -369,11 +376,11 @@ class WSGIServer:
                     with self._lock:
                         if self.draining or conn.aborted:
                             break
-                        conn.state = IDLE
+                        conn.state = ConnState.IDLE
                     if not reader.wait(limits.keepalive_timeout) or conn.aborted:
                         break
                     deadline = time.monotonic() + limits.request_timeout
-                    conn.state = READING
+                    conn.state = ConnState.READING
                 if not self._one_request(conn, reader, deadline):
                     break
         except Exception:  # noqa: BLE001 - a bug here must not kill the process
@@ -420,7 +427,7 @@ class WSGIServer:
             except PeerGone:
                 conn.linger = False
             return False
-        conn.state = ACTIVE
+        conn.state = ConnState.ACTIVE
         response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, closing=lambda: self.draining)
         self._run_app(conn, req, body, response)
         return response.keep_alive and not conn.aborted
