@@ -60,7 +60,6 @@ _RDHUP = getattr(select, "POLLRDHUP", 0)
 _HANGUP_EVENTS = select.POLLHUP | select.POLLERR | (_RDHUP or select.POLLIN)
 
 
-
 class ConnState(str, Enum):
     """Where a connection stands (a ``str`` enum: a member equals its value, ``"idle"``)."""
 
@@ -105,7 +104,20 @@ class ConnectionInfo:
 class Connection:
     """One accepted socket, owned by one thread (others may only ``abort`` it)."""
 
-    __slots__ = ("sock", "peer", "reserve", "state", "opened", "requests", "path", "linger", "aborted", "_polls")
+    __slots__ = (
+        "sock",
+        "peer",
+        "reserve",
+        "state",
+        "opened",
+        "requests",
+        "path",
+        "linger",
+        "aborted",
+        "reader",
+        "ticket",
+        "_polls",
+    )
 
     def __init__(self, sock: socket.socket, peer: Any, reserve: bool) -> None:
         sock.setblocking(False)
@@ -118,6 +130,10 @@ class Connection:
         self.path = ""
         self.linger = False
         self.aborted = False
+        self.reader = Reader(self)
+        """Its buffered reads (bytes read past a request are the next one's)."""
+        self.ticket = 0
+        """While it waits on the server's I/O thread, which of its deadlines is current (else 0)."""
         self._polls: dict[int, select.poll] = {}
 
     def ready(self, events: int, timeout: float) -> bool:
@@ -236,20 +252,6 @@ class Reader:
             if not data:
                 raise PeerGone("closed by the client")
             return data
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for bytes; False when none came or the client closed."""
-        if self.buf:
-            return True
-        deadline = time.monotonic() + timeout
-        try:
-            # idle between requests: nothing to read yet, so wait first and read once
-            if not self.conn.ready(select.POLLIN, timeout):
-                return False
-            self.buf = self._recv(deadline)
-        except (Deadline, PeerGone):
-            return False
-        return True
 
     def head(self, deadline: float, limit: int) -> bytes | None:
         """The request line and headers, through the blank line; None on a clean close.
@@ -466,6 +468,7 @@ class Response:
         "head",
         "keep_alive",
         "written",
+        "out",
     )
 
     def __init__(
@@ -476,6 +479,7 @@ class Response:
         send_timeout: float,
         drain_bytes: int,
         closing: Callable[[], bool],
+        out: list[bytes] | None = None,
     ) -> None:
         self.conn = conn
         self.req = req
@@ -490,6 +494,8 @@ class Response:
         """Once sent."""
         self.keep_alive = req.keep_alive
         self.written = 0
+        self.out = out
+        """When a list, what is written is kept there (to be sent at once by the caller) instead of sent."""
 
     @property
     def head_sent(self) -> bool:
@@ -557,14 +563,21 @@ class Response:
             out = first + data if first else data
         self.written += len(data)
         if out:
-            self.conn.send(out, self.send_timeout)
+            self.send(out)
+
+    def send(self, data: bytes) -> None:
+        """Send bytes of this response (or keep them in ``out``)."""
+        if self.out is not None:
+            self.out.append(data)
+        else:
+            self.conn.send(data, self.send_timeout)
 
     def finish(self) -> None:
         if self.head is None:
             self.write(b"")
         assert self.head is not None
         if self.head.framing is Framing.CHUNKED:
-            self.conn.send(LAST_CHUNK, self.send_timeout)
+            self.send(LAST_CHUNK)
         elif self.head.framing is Framing.LENGTH and self.written != self.head.length:
             log.warning("%s: the application wrote less than its Content-Length", self.req.path)
             self.keep_alive = False

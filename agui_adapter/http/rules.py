@@ -407,7 +407,6 @@ class ChunkedDecoder:
 
     __slots__ = ("_buf", "_pos", "_state", "_left", "_trailer_bytes")
 
-
     def __init__(self) -> None:
         self._buf = b""
         self._pos = 0  # where the unread bytes of ``_buf`` start (no copy per chunk taken)

@@ -47,7 +47,10 @@ Errors the server answers itself are JSON like the application's,
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
 import logging
+import queue
 import selectors
 import socket
 import sys
@@ -73,12 +76,36 @@ from agui_adapter.http.connection import (
     RequestBody,
     Response,
 )
-from agui_adapter.http.rules import CONTINUE, ProtocolError, Request, error_response, http_date, parse_request_head
+from agui_adapter.http.rules import (
+    CONTINUE,
+    ProtocolError,
+    Request,
+    error_response,
+    http_date,
+    parse_request_head,
+    take_head,
+)
 from agui_adapter.ops.faults import describe
 
 log = logging.getLogger("agui_adapter.http.server")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+InlineAnswer = Callable[[dict[str, Any], Callable[..., Any]], "Iterable[bytes] | None"]
+
+INLINE_BODY_BYTES = 16 * 1024
+"""The largest request body answered on the I/O thread (a larger one goes to a worker)."""
+IDLE_WORKERS = 32
+"""Workers kept waiting for the next request handed to a thread; more exit once done."""
+WORKER_IDLE_SECONDS = 30.0
+"""A waiting worker exits after this long without a request."""
+_FOREVER = float("inf")
+_LONGEST_WAIT = 3600.0  # one select() (a deadline years away is waited for an hour at a time)
+_KERNEL_REGISTRATION = tuple(
+    getattr(selectors, name)
+    for name in ("EpollSelector", "KqueueSelector", "DevpollSelector")
+    if hasattr(selectors, name)
+)
+"""Selectors whose registrations reach a ``select()`` already waiting (the kernel holds the set)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +174,17 @@ class WSGIServer:
         self._accepting = True
         self._loop_done = threading.Event()
         self._loop_done.set()
+        self._looping = False
+        self._selector = selectors.DefaultSelector()
+        self._wake_on_park = not isinstance(self._selector, _KERNEL_REGISTRATION)
+        self._parked: dict[int, Connection] = {}  # id -> connection waiting on the I/O thread
+        self._timers: list[tuple[float, int, Connection]] = []  # (deadline, ticket, connection), a heap
+        self._tickets = itertools.count(1)
+        self._next_wake = _FOREVER  # the deadline the I/O thread sleeps until
+        self._jobs: queue.SimpleQueue[tuple[Connection, Reader, float, tuple[bytes, bool] | None]] = queue.SimpleQueue()
+        self._idle_workers = 0
+        inline = getattr(app, "answer_inline", None)
+        self._inline: InlineAnswer | None = inline if callable(inline) else None
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
@@ -189,28 +227,50 @@ class WSGIServer:
         if callable(served_by):  # the app may watch the server (its open connections, for /metrics)
             served_by(self)
 
-    # ================================================================== accept loop
+    # ================================================================== the I/O thread
     def serve_forever(self, poll_interval: float | None = None) -> None:
-        """Accept connections until ``stop_accepting()`` or ``shutdown()``."""
+        """Accept and serve connections until ``stop_accepting()`` or ``shutdown()`` (then
+        until the last waiting keep-alive connection is closed)."""
         del poll_interval  # accepted for compatibility with socketserver-style callers
-        self._loop_done.clear()
-        selector = selectors.DefaultSelector()
-        try:
+        selector = self._selector
+        with self._lock:
+            if not self._accepting or self._looping:
+                return
+            self._looping = True
+            self._loop_done.clear()
             selector.register(self._wake_r, selectors.EVENT_READ)
-            with self._lock:
-                if not self._accepting:
-                    return
-                selector.register(self.socket, selectors.EVENT_READ)
-            while self._accepting:
-                for key, _ in selector.select():
-                    if key.fileobj is self._wake_r:
+            selector.register(self.socket, selectors.EVENT_READ)
+        listening = True
+        try:
+            while True:
+                timeout = self._expire()
+                for key, _ in selector.select(timeout):
+                    conn = key.data
+                    if conn is not None:
+                        self._readable(conn)
+                    elif key.fileobj is self._wake_r:
                         try:
                             self._wake_r.recv(64)
                         except OSError:
                             pass
                     elif self._accepting:
                         self._accept()
+                with self._lock:
+                    if not self._accepting:
+                        if listening:
+                            listening = False
+                            selector.unregister(self.socket)
+                        if not self._parked:
+                            self._looping = False
+                            break
         finally:
+            with self._lock:
+                self._looping = False
+                left = list(self._parked.values())
+                self._parked.clear()
+                self._timers.clear()
+            for conn in left:
+                self._close(conn)
             selector.close()
             self._loop_done.set()
 
@@ -254,11 +314,188 @@ class WSGIServer:
         if slot is Slot.NONE:
             self._refuse(sock)
             return
+        timeout = min(limits.request_timeout, 10.0) if conn.reserve else limits.request_timeout
+        with self._lock:
+            self._park(conn, conn.opened + timeout)
+
+    # ------------------------------------------------------------------ waiting connections
+    def _park(self, conn: Connection, deadline: float) -> bool:
+        """Hand a connection with no request pending to the I/O thread, until ``deadline``;
+        False when the server no longer keeps idle connections. Called with the lock held."""
+        if not self._looping or not self._accepting or conn.aborted:
+            return False
+        conn.state = ConnState.IDLE if conn.requests else ConnState.READING  # a new one awaits its first
+        ticket = next(self._tickets)
+        conn.ticket = ticket
+        heapq.heappush(self._timers, (deadline, ticket, conn))
+        if len(self._timers) > 2 * len(self._parked) + 64:  # drop the stale entries now and then
+            self._timers = [t for t in self._timers if t[2].ticket == t[1]]
+            heapq.heapify(self._timers)
+        self._parked[id(conn)] = conn
         try:
-            threading.Thread(target=self._serve, args=(conn,), name=f"http-{peer[1]}", daemon=True).start()
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        except (KeyError, ValueError, OSError):  # closed meanwhile
+            self._parked.pop(id(conn), None)
+            conn.ticket = 0
+            return False
+        if self._wake_on_park or deadline < self._next_wake:
+            self._wake()
+        return True
+
+    def _unpark(self, conn: Connection) -> None:
+        """Take a connection off the I/O thread's watch (on the I/O thread)."""
+        with self._lock:
+            self._parked.pop(id(conn), None)
+            conn.ticket = 0
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _renew(self, conn: Connection, deadline: float) -> None:
+        """A new deadline for a connection that stays on the I/O thread."""
+        with self._lock:
+            ticket = next(self._tickets)
+            conn.ticket = ticket
+            heapq.heappush(self._timers, (deadline, ticket, conn))
+        conn.state = ConnState.IDLE
+
+    def _expire(self) -> float | None:
+        """Close the waiting connections whose deadline passed; seconds to the next deadline."""
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            timers = self._timers
+            while timers and timers[0][0] <= now:
+                _, ticket, conn = heapq.heappop(timers)
+                if conn.ticket == ticket:
+                    expired.append(conn)
+            self._next_wake = timers[0][0] if timers else _FOREVER
+        for conn in expired:
+            self._unpark(conn)
+            self._close(conn)
+        return None if self._next_wake == _FOREVER else min(max(0.0, self._next_wake - now), _LONGEST_WAIT)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _close(self, conn: Connection) -> None:
+        """Close a connection that needs no lingering read (the I/O thread never waits)."""
+        conn.linger = False
+        conn.close(0.0, 0)
+        self._forget(conn)
+
+    def _readable(self, conn: Connection) -> None:
+        """A waiting connection has bytes (or was closed): answer at once or hand it to a worker."""
+        reader = conn.reader
+        try:
+            data = conn.sock.recv(RECV)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data or conn.aborted or (self.draining and conn.requests):
+            self._unpark(conn)
+            self._close(conn)
+            return
+        reader.buf += data
+        first = conn.requests == 0
+        if first:
+            limit = min(self.limits.request_timeout, 10.0) if conn.reserve else self.limits.request_timeout
+            deadline = conn.opened + limit
+        else:
+            deadline = time.monotonic() + self.limits.request_timeout
+        if self._inline is not None and not conn.reserve and self._answer_inline(conn, reader, deadline):
+            return
+        self._unpark(conn)
+        self._dispatch(conn, reader, deadline, None)
+
+    def _answer_inline(self, conn: Connection, reader: Reader, deadline: float) -> bool:
+        """Answer a whole, small request on the I/O thread when the application can without
+        blocking (``answer_inline``); False when a worker must serve it (nothing is changed then)."""
+        limits = self.limits
+        buf = reader.buf
+        try:
+            head, rest = take_head(buf, limits.max_header_bytes)
+            if head is None:
+                return False
+            req = parse_request_head(head, limits.max_headers)
+        except ProtocolError:
+            return False  # a worker answers it (and lingers)
+        if req.chunked or req.expects_continue or (req.length or 0) > min(len(rest), INLINE_BODY_BYTES):
+            return False
+        assert self._inline is not None
+        reader.buf = rest
+        conn.requests += 1
+        conn.path = req.path
+        conn.state = ConnState.ACTIVE
+        body = RequestBody(reader, deadline, req.body, None)
+        out: list[bytes] = []
+        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, self._closing, out)
+        if not self._run_app(conn, req, body, response, self._inline):  # the application needs a thread
+            reader.buf = buf
+            conn.requests -= 1
+            conn.state = ConnState.IDLE
+            return False
+        data = b"".join(out)
+        keep = response.keep_alive and not conn.aborted
+        sent = 0
+        try:
+            sent = conn.sock.send(data) if data else 0
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._unpark(conn)
+            self._close(conn)
+            return True
+        if sent < len(data) or (keep and reader.buf) or (not keep and conn.linger):
+            # the rest of the answer, the next request pipelined, or a lingering close: a worker's
+            self._unpark(conn)
+            self._dispatch(conn, reader, time.monotonic() + limits.request_timeout, (data[sent:], keep))
+            return True
+        if not keep:
+            self._unpark(conn)
+            self._close(conn)
+            return True
+        self._renew(conn, time.monotonic() + limits.keepalive_timeout)
+        return True
+
+    # ------------------------------------------------------------------ workers
+    def _dispatch(self, conn: Connection, reader: Reader, deadline: float, pending: tuple[bytes, bool] | None) -> None:
+        """Serve the connection on a worker thread (a waiting one, else a new one)."""
+        conn.state = ConnState.READING
+        job = (conn, reader, deadline, pending)
+        with self._lock:
+            waiting = self._idle_workers > 0
+            if waiting:
+                self._idle_workers -= 1
+        if waiting:
+            self._jobs.put(job)
+            return
+        try:
+            threading.Thread(target=self._work, args=(job,), name="http-worker", daemon=True).start()
         except RuntimeError:  # can't start new thread
-            self._forget(conn)
-            self._refuse(sock)
+            conn.abort()
+            self._close(conn)
+
+    def _work(self, job: tuple[Connection, Reader, float, tuple[bytes, bool] | None]) -> None:
+        while True:
+            self._serve(*job)
+            with self._lock:
+                if self._idle_workers >= IDLE_WORKERS:
+                    return
+                self._idle_workers += 1
+            try:
+                job = self._jobs.get(timeout=WORKER_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle_workers > 0:  # nobody counts on this worker: it exits
+                        self._idle_workers -= 1
+                        return
+                job = self._jobs.get()  # a request is on its way to this worker
 
     def _oldest_idle(self) -> Connection | None:
         idle = [c for c in self._connections.values() if c.state is ConnState.IDLE and not c.aborted and not c.reserve]
@@ -366,28 +603,42 @@ class WSGIServer:
                     self._regular -= 1
             self._changed.notify_all()
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: Connection, reader: Reader, deadline: float, pending: tuple[bytes, bool] | None) -> None:
+        """Serve a connection on this worker until it closes or waits for its next request
+        (then it goes back to the I/O thread). ``pending``: the rest of an answer the I/O
+        thread could not send at once, and whether the connection stays open after it."""
         limits = self.limits
-        reader = Reader(conn)
+        parked = False
         try:
-            deadline = conn.opened + (min(limits.request_timeout, 10.0) if conn.reserve else limits.request_timeout)
+            if pending is not None:
+                data, keep = pending
+                if data:
+                    conn.send(data, limits.send_timeout)
+                if not keep:
+                    return
+            elif not self._one_request(conn, reader, deadline):
+                return
             while True:
-                if conn.requests:
-                    with self._lock:
-                        if self.draining or conn.aborted:
-                            break
-                        conn.state = ConnState.IDLE
-                    if not reader.wait(limits.keepalive_timeout) or conn.aborted:
-                        break
-                    deadline = time.monotonic() + limits.request_timeout
-                    conn.state = ConnState.READING
-                if not self._one_request(conn, reader, deadline):
-                    break
+                with self._lock:
+                    if self.draining or conn.aborted:
+                        return
+                    if not reader.buf:
+                        parked = self._park(conn, time.monotonic() + limits.keepalive_timeout)
+                        return
+                conn.state = ConnState.READING  # the next request was pipelined behind this one
+                if not self._one_request(conn, reader, time.monotonic() + limits.request_timeout):
+                    return
+        except PeerGone:
+            conn.linger = False
         except Exception:  # noqa: BLE001 - a bug here must not kill the process
             log.exception("connection from %s failed", conn.peer)
         finally:
-            conn.close(self.limits.linger_seconds, self.limits.linger_bytes)
-            self._forget(conn)
+            if not parked:
+                conn.close(limits.linger_seconds, limits.linger_bytes)
+                self._forget(conn)
+
+    def _closing(self) -> bool:
+        return self.draining
 
     def _answer(self, conn: Connection, status: int, code: str, message: str) -> None:
         """A response of the server's own, then the connection closes."""
@@ -428,7 +679,7 @@ class WSGIServer:
                 conn.linger = False
             return False
         conn.state = ConnState.ACTIVE
-        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, closing=lambda: self.draining)
+        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, self._closing)
         self._run_app(conn, req, body, response)
         return response.keep_alive and not conn.aborted
 
@@ -465,12 +716,20 @@ class WSGIServer:
             environ.pop("CONTENT_LENGTH", None)
         return environ
 
-    def _run_app(self, conn: Connection, req: Request, body: RequestBody, response: Response) -> None:
-        """Run the application for one request; its iterable's ``close()`` always runs."""
+    def _run_app(
+        self, conn: Connection, req: Request, body: RequestBody, response: Response, inline: InlineAnswer | None = None
+    ) -> bool:
+        """Run the application for one request; its iterable's ``close()`` always runs.
+        With ``inline`` (the application's ``answer_inline``), False when it declined."""
         environ = self._environ(conn, req, body)
         result: Iterable[bytes] | None = None
         try:
-            result = self.app(environ, response.start_response)
+            if inline is not None:
+                result = inline(environ, response.start_response)
+                if result is None:
+                    return False
+            else:
+                result = self.app(environ, response.start_response)
             if req.method == "HEAD":
                 if response.status is None:  # a lazy application answers in its first item
                     for _ in result:
@@ -503,6 +762,7 @@ class WSGIServer:
                 except Exception as exc:  # noqa: BLE001 - log it; the connection goes on
                     log.error("closing %s %.200s failed: %s", req.method, req.path, describe(exc))
                     response.keep_alive = False
+        return True
 
     def _failed(self, conn: Connection, response: Response, status: int, code: str, message: str, quiet: bool) -> None:
         if response.head_sent:
@@ -512,6 +772,10 @@ class WSGIServer:
             return
         if quiet:
             log.info("%s from %s: %s", status, conn.peer[0] if isinstance(conn.peer, tuple) else conn.peer, message)
+        if response.out is not None:  # answered on the I/O thread: the answer goes out with the rest
+            conn.linger = True
+            response.out[:] = [error_response(status, code, message, http_date(time.time()))]
+            return
         self._answer(conn, status, code, message)
 
 
