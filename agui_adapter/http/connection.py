@@ -1,7 +1,7 @@
 """The socket I/O of one connection of the built-in server: timed reads and writes, ``wsgi.input``.
 
-Why it exists: the server (``serving.py``) decides which connections live and runs the
-application; this module is what one connection's thread does with its socket. Every read
+Why it exists: the server (``server.py``) decides which connections live and runs the
+application; this module is what a worker does with one connection's socket. Every read
 is bounded by the request's absolute deadline (a client that trickles its request byte by
 byte does not reset it, unlike a per-``recv`` timeout), every write by the send timeout
 (a client that stops reading is gone), and another thread can ``abort`` a connection to
@@ -9,10 +9,10 @@ wake its owner out of either. The socket is non-blocking: each call is made at o
 ``poll()`` waits only when it would block (a timed Python socket polls before every call and
 changes its timeout with an ``ioctl``: twice the system calls, each a hand-off of the GIL
 among the server's threads). ``RequestBody`` is ``wsgi.input``: exactly the request's
-body, decoded by the wire rules of ``http11.py``, then EOF; a failure is remembered so
+body, decoded by the wire rules of ``rules.py``, then EOF; a failure is remembered so
 that the server answers it (408, 400) whatever the application does with it. ``Response``
 is the other way: ``start_response`` and every chunk written at once, framed as
-``http11.plan_response`` decides.
+``rules.plan_response`` decides.
 
 While the application holds a request, it may ask whether the client hung up
 (``Connection.hung_up``, offered in the environ as ``CLIENT_GONE_KEY``): a stream that waits
@@ -453,7 +453,7 @@ class RequestBody:
 
 
 class Response:
-    """One response: ``start_response``, its head (``http11.plan_response``), the writes, and
+    """One response: ``start_response``, its head (``rules.plan_response``), the writes, and
     whether the connection survives."""
 
     __slots__ = (

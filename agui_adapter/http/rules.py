@@ -2,7 +2,7 @@
 
 Why it exists: what the bytes of a request and a response mean is decided here, apart from
 sockets, threads and clocks, so that every rule is a function of bytes and values that a
-unit test can call (``tests/unit/test_http11.py``), and the server (``serving.py``, with
+unit test can call (``tests/unit/test_http11.py``), and the server (``server.py``, with
 the socket reads and writes of one connection in ``connection.py``) only moves bytes and
 keeps time. The subset is what a WSGI server needs:
 

@@ -17,13 +17,24 @@ connection limit. Keeping them would have meant overriding their core and living
 their private details; the protocol subset a WSGI server needs (request line, headers,
 ``Content-Length``/chunked bodies, chunked or length-framed responses) is small enough to
 own, test (the rules without sockets, the server over real ones), and keep free of new
-runtime dependencies. Its wire rules, with no I/O, are ``http11.py``; the socket I/O of one
+runtime dependencies. Its wire rules, with no I/O, are ``rules.py``; the socket I/O of one
 connection (timed reads and writes, ``wsgi.input``, the response writer) is
-``connection.py``; this module is the server: the accept loop, the connections and their
-limits, a thread each, the WSGI environ and the application's run, and the shutdown API.
+``connection.py``; this module is the server: the I/O thread, the workers, the connections
+and their limits, the WSGI environ and the application's run, and the shutdown API.
 
-Threading model: an accept loop hands every connection to its own thread, which
-serves its requests in turn; an SSE stream holds its thread. Every chunk the application
+Threading model (waitress's, with one twist): one I/O thread (``serve_forever``) accepts
+connections and watches every one that waits for a request, new or kept alive, with one
+``select``; a waiting connection holds no thread, and its deadline (the request timeout for a
+new one, the keep-alive timeout after a response) is a timer of that thread. When a request
+arrives, the I/O thread reads what is there; if that is a whole request with a small body and
+the application offers ``answer_inline(environ, start_response)`` (the adapter does: a refusal
+before admission, ``/health``), it runs that on the I/O thread and sends the answer, head and
+body, in one ``send``: the commonest short answers cost no thread hand-off at all. Otherwise
+(no such method, it returns None, a partial request, a large or chunked body,
+``Expect: 100-continue``, an answer larger than the socket takes at once) the connection goes
+to a worker thread (a waiting one, else a new one), which serves it as a blocking server does
+and hands it back to the I/O thread when it waits for its next request. An SSE stream holds
+its worker. Every chunk the application
 yields is written at once (``TCP_NODELAY``, no buffering), so heartbeats and deltas leave
 when they are produced, and a write that fails (the client went away) or cannot make
 progress for ``send_timeout`` seconds ends the response: the WSGI iterable's ``close()``
