@@ -238,10 +238,14 @@ ROUTE_TEMPLATES = {
 }
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""``json.dumps`` with these options would build an encoder per call."""
+
+
 def json_response(
     start_response: StartResponse, status: int, body: dict[str, Any], extra: list[tuple[str, str]] | None = None
 ) -> list[bytes]:
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = _JSON.encode(body).encode("utf-8")
     phrase = _PHRASES.get(status, "")
     headers = [
         ("Content-Type", "application/json; charset=utf-8"),
