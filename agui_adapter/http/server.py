@@ -336,12 +336,7 @@ class WSGIServer:
         if not self._looping or not self._accepting or conn.aborted:
             return False
         conn.state = ConnState.IDLE if conn.requests else ConnState.READING  # a new one awaits its first
-        ticket = next(self._tickets)
-        conn.ticket = ticket
-        heapq.heappush(self._timers, (deadline, ticket, conn))
-        if len(self._timers) > 2 * len(self._parked) + 64:  # drop the stale entries now and then
-            self._timers = [t for t in self._timers if t[2].ticket == t[1]]
-            heapq.heapify(self._timers)
+        self._timer(conn, deadline)
         self._parked[id(conn)] = conn
         try:
             self._selector.register(conn.sock, selectors.EVENT_READ, conn)
@@ -352,6 +347,15 @@ class WSGIServer:
         if self._wake_on_park or deadline < self._next_wake:
             self._wake()
         return True
+
+    def _timer(self, conn: Connection, deadline: float) -> None:
+        """Make ``deadline`` the connection's only current one (called with the lock held)."""
+        ticket = next(self._tickets)
+        conn.ticket = ticket
+        heapq.heappush(self._timers, (deadline, ticket, conn))
+        if len(self._timers) > 2 * len(self._parked) + 64:  # drop the stale entries now and then
+            self._timers = [t for t in self._timers if t[2].ticket == t[1]]
+            heapq.heapify(self._timers)
 
     def _unpark(self, conn: Connection) -> None:
         """Take a connection off the I/O thread's watch (on the I/O thread)."""
@@ -366,9 +370,7 @@ class WSGIServer:
     def _renew(self, conn: Connection, deadline: float) -> None:
         """A new deadline for a connection that stays on the I/O thread."""
         with self._lock:
-            ticket = next(self._tickets)
-            conn.ticket = ticket
-            heapq.heappush(self._timers, (deadline, ticket, conn))
+            self._timer(conn, deadline)
         conn.state = ConnState.IDLE
 
     def _expire(self) -> float | None:

@@ -1052,3 +1052,13 @@ def test_waiting_connections_hold_no_thread(serve: Serve) -> None:
     for conn in conns:
         conn.close()
     assert wait_for(lambda: not server.connections(), 5.0)
+
+
+def test_deadlines_of_quick_answers_do_not_pile_up(serve: Serve) -> None:
+    server = serve(InlineApp(), keepalive_timeout=1e12)  # no deadline ever passes to clear them
+    conn = Conn(server.server_port)
+    for _ in range(500):
+        conn.request("GET", "/health")
+        assert conn.response()[0] == 200
+    assert len(server._timers) < 100  # one current deadline per waiting connection, plus a bounded rest
+    conn.close()
