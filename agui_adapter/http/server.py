@@ -19,8 +19,10 @@ their private details; the protocol subset a WSGI server needs (request line, he
 own, test (the rules without sockets, the server over real ones), and keep free of new
 runtime dependencies. Its wire rules, with no I/O, are ``rules.py``; the socket I/O of one
 connection (timed reads and writes, ``wsgi.input``, the response writer) is
-``connection.py``; this module is the server: the I/O thread, the workers, the connections
-and their limits, the WSGI environ and the application's run, and the shutdown API.
+``connection.py``; one request (its head, the WSGI environ, the application's run, the
+server's own JSON answers) is ``exchange.py``; the worker threads are ``workers.py``, the
+waiting connections' deadlines ``deadlines.py``, the limits ``limits.py``; this module is the
+server: the I/O thread, the connections and their limits, and the shutdown API.
 
 Threading model (waitress's, with one twist): one I/O thread (``serve_forever``) accepts
 connections and watches every one that waits for a request, new or kept alive, with one
@@ -58,58 +60,41 @@ Errors the server answers itself are JSON like the application's,
 from __future__ import annotations
 
 import errno
-import heapq
-import itertools
 import logging
-import queue
 import selectors
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from enum import Enum
-from functools import partial
-from typing import Any
-from urllib.parse import unquote_to_bytes
 
 from agui_adapter.http.connection import (
-    CLIENT_GONE_KEY,
     RECV,
-    BodyError,
     Connection,
     ConnectionInfo,
     ConnState,
-    Deadline,
     PeerGone,
     Reader,
     RequestBody,
     Response,
 )
+from agui_adapter.http.deadlines import FOREVER, Deadlines
+from agui_adapter.http.exchange import Exchanges, InlineAnswer, WSGIApp
+from agui_adapter.http.limits import ServerLimits
 from agui_adapter.http.rules import (
-    CONTINUE,
     ProtocolError,
-    Request,
     error_response,
     http_date,
     parse_request_head,
     take_head,
 )
-from agui_adapter.ops.faults import describe
+from agui_adapter.http.workers import WorkerPool
 
 log = logging.getLogger("agui_adapter.http.server")
 
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-InlineAnswer = Callable[[dict[str, Any], Callable[..., Any]], "Iterable[bytes] | None"]
 
 INLINE_BODY_BYTES = 16 * 1024
 """The largest request body answered on the I/O thread (a larger one goes to a worker)."""
-IDLE_WORKERS = 32
-"""Workers kept waiting for the next request handed to a thread; more exit once done."""
-WORKER_IDLE_SECONDS = 30.0
-"""A waiting worker exits after this long without a request."""
-_FOREVER = float("inf")
 _LONGEST_WAIT = 3600.0  # one select() (a deadline years away is waited for an hour at a time)
 _KERNEL_REGISTRATION = tuple(
     getattr(selectors, name)
@@ -117,32 +102,6 @@ _KERNEL_REGISTRATION = tuple(
     if hasattr(selectors, name)
 )
 """Selectors whose registrations reach a ``select()`` already waiting (the kernel holds the set)."""
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Timeouts and bounds of the server (the flags of ``python run.py`` set the first four)."""
-
-    keepalive_timeout: float = 5.0
-    """Seconds an idle keep-alive connection is kept open between requests."""
-    request_timeout: float = 30.0
-    """Deadline, from its first byte, for a request's line, headers and body to arrive."""
-    send_timeout: float = 60.0
-    """A write that cannot make progress for this long means the client is gone."""
-    max_connections: int = 1024
-    """Connections served at once; beyond, idle keep-alive connections are closed, then the reserve."""
-    reserve_connections: int = 16
-    """Extra connections beyond the limit that answer ``reserve_paths`` (else 503 SERVER_BUSY)."""
-    reserve_paths: tuple[str, ...] = ("/health",)
-    retry_after_seconds: int = 1
-    backlog: int = max(1024, socket.SOMAXCONN)
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    drain_bytes: int = 64 * 1024
-    """An unread request body up to this size is read and dropped to keep the connection."""
-    linger_bytes: int = 16 * 1024 * 1024
-    """When closing with a body unread, read and drop up to this much so the client sees the answer."""
-    linger_seconds: float = 2.0
 
 
 class Slot(Enum):
@@ -174,7 +133,6 @@ class WSGIServer:
         *,
         server_software: str = "agui-adapter",
     ) -> None:
-        self.app = app
         self.limits = limits or ServerLimits()
         self.draining = False
         self._lock = threading.Lock()
@@ -189,13 +147,9 @@ class WSGIServer:
         self._selector = selectors.DefaultSelector()
         self._wake_on_park = not isinstance(self._selector, _KERNEL_REGISTRATION)
         self._parked: dict[int, Connection] = {}  # id -> connection waiting on the I/O thread
-        self._timers: list[tuple[float, int, Connection]] = []  # (deadline, ticket, connection), a heap
-        self._tickets = itertools.count(1)
-        self._next_wake = _FOREVER  # the deadline the I/O thread sleeps until
-        self._jobs: queue.SimpleQueue[tuple[Connection, Reader, float, tuple[bytes, bool] | None]] = queue.SimpleQueue()
-        self._idle_workers = 0
-        inline = getattr(app, "answer_inline", None)
-        self._inline: InlineAnswer | None = inline if callable(inline) else None
+        self._deadlines = Deadlines()
+        self._next_wake = FOREVER  # the deadline the I/O thread sleeps until
+        self._workers = WorkerPool(self._serve)
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
@@ -234,9 +188,23 @@ class WSGIServer:
             http_date(time.time()),
             [("Retry-After", str(self.limits.retry_after_seconds))],
         )
+        self._exchanges = Exchanges(app, self.limits, self._base_environ, self._busy, self._closing)
+        self._inline: InlineAnswer | None = None
+        self.app = app
         served_by = getattr(app, "served_by", None)
         if callable(served_by):  # the app may watch the server (its open connections, for /metrics)
             served_by(self)
+
+    @property
+    def app(self) -> WSGIApp:
+        """The WSGI application; its ``answer_inline``, when it has one, runs on the I/O thread."""
+        return self._exchanges.app
+
+    @app.setter
+    def app(self, app: WSGIApp) -> None:
+        self._exchanges.app = app
+        inline = getattr(app, "answer_inline", None)
+        self._inline = inline if callable(inline) else None
 
     # ================================================================== the I/O thread
     def serve_forever(self, poll_interval: float | None = None) -> None:
@@ -279,7 +247,7 @@ class WSGIServer:
                 self._looping = False
                 left = list(self._parked.values())
                 self._parked.clear()
-                self._timers.clear()
+                self._deadlines.clear()
             for conn in left:
                 self._close(conn)
             selector.close()
@@ -336,32 +304,23 @@ class WSGIServer:
         if not self._looping or not self._accepting or conn.aborted:
             return False
         conn.state = ConnState.IDLE if conn.requests else ConnState.READING  # a new one awaits its first
-        self._timer(conn, deadline)
         self._parked[id(conn)] = conn
+        self._deadlines.set(conn, deadline, len(self._parked))
         try:
             self._selector.register(conn.sock, selectors.EVENT_READ, conn)
         except (KeyError, ValueError, OSError):  # closed meanwhile
             self._parked.pop(id(conn), None)
-            conn.ticket = 0
+            self._deadlines.cancel(conn)
             return False
         if self._wake_on_park or deadline < self._next_wake:
             self._wake()
         return True
 
-    def _timer(self, conn: Connection, deadline: float) -> None:
-        """Make ``deadline`` the connection's only current one (called with the lock held)."""
-        ticket = next(self._tickets)
-        conn.ticket = ticket
-        heapq.heappush(self._timers, (deadline, ticket, conn))
-        if len(self._timers) > 2 * len(self._parked) + 64:  # drop the stale entries now and then
-            self._timers = [t for t in self._timers if t[2].ticket == t[1]]
-            heapq.heapify(self._timers)
-
     def _unpark(self, conn: Connection) -> None:
         """Take a connection off the I/O thread's watch (on the I/O thread)."""
         with self._lock:
             self._parked.pop(id(conn), None)
-            conn.ticket = 0
+            self._deadlines.cancel(conn)
         try:
             self._selector.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -370,24 +329,19 @@ class WSGIServer:
     def _renew(self, conn: Connection, deadline: float) -> None:
         """A new deadline for a connection that stays on the I/O thread."""
         with self._lock:
-            self._timer(conn, deadline)
+            self._deadlines.set(conn, deadline, len(self._parked))
         conn.state = ConnState.IDLE
 
     def _expire(self) -> float | None:
         """Close the waiting connections whose deadline passed; seconds to the next deadline."""
         now = time.monotonic()
-        expired = []
         with self._lock:
-            timers = self._timers
-            while timers and timers[0][0] <= now:
-                _, ticket, conn = heapq.heappop(timers)
-                if conn.ticket == ticket:
-                    expired.append(conn)
-            self._next_wake = timers[0][0] if timers else _FOREVER
+            expired = self._deadlines.expired(now)
+            self._next_wake = self._deadlines.earliest()
         for conn in expired:
             self._unpark(conn)
             self._close(conn)
-        return None if self._next_wake == _FOREVER else min(max(0.0, self._next_wake - now), _LONGEST_WAIT)
+        return None if self._next_wake == FOREVER else min(max(0.0, self._next_wake - now), _LONGEST_WAIT)
 
     def _wake(self) -> None:
         try:
@@ -448,7 +402,7 @@ class WSGIServer:
         body = RequestBody(reader, deadline, req.body, None)
         out: list[bytes] = []
         response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, self._closing, out)
-        if not self._run_app(conn, req, body, response, self._inline):  # the application needs a thread
+        if not self._exchanges.run_app(conn, req, body, response, self._inline):  # the application needs a thread
             reader.buf = buf
             conn.requests -= 1
             conn.state = ConnState.IDLE
@@ -478,37 +432,11 @@ class WSGIServer:
 
     # ------------------------------------------------------------------ workers
     def _dispatch(self, conn: Connection, reader: Reader, deadline: float, pending: tuple[bytes, bool] | None) -> None:
-        """Serve the connection on a worker thread (a waiting one, else a new one)."""
+        """Serve the connection on a worker thread (``workers.py``)."""
         conn.state = ConnState.READING
-        job = (conn, reader, deadline, pending)
-        with self._lock:
-            waiting = self._idle_workers > 0
-            if waiting:
-                self._idle_workers -= 1
-        if waiting:
-            self._jobs.put(job)
-            return
-        try:
-            threading.Thread(target=self._work, args=(job,), name="http-worker", daemon=True).start()
-        except RuntimeError:  # can't start new thread
+        if not self._workers.submit((conn, reader, deadline, pending)):
             conn.abort()
             self._close(conn)
-
-    def _work(self, job: tuple[Connection, Reader, float, tuple[bytes, bool] | None]) -> None:
-        while True:
-            self._serve(*job)
-            with self._lock:
-                if self._idle_workers >= IDLE_WORKERS:
-                    return
-                self._idle_workers += 1
-            try:
-                job = self._jobs.get(timeout=WORKER_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle_workers > 0:  # nobody counts on this worker: it exits
-                        self._idle_workers -= 1
-                        return
-                job = self._jobs.get()  # a request is on its way to this worker
 
     def _oldest_idle(self) -> Connection | None:
         idle = [c for c in self._connections.values() if c.state is ConnState.IDLE and not c.aborted and not c.reserve]
@@ -629,7 +557,7 @@ class WSGIServer:
                     conn.send(data, limits.send_timeout)
                 if not keep:
                     return
-            elif not self._one_request(conn, reader, deadline):
+            elif not self._exchanges.one_request(conn, reader, deadline):
                 return
             while True:
                 with self._lock:
@@ -639,7 +567,7 @@ class WSGIServer:
                         parked = self._park(conn, time.monotonic() + limits.keepalive_timeout)
                         return
                 conn.state = ConnState.READING  # the next request was pipelined behind this one
-                if not self._one_request(conn, reader, time.monotonic() + limits.request_timeout):
+                if not self._exchanges.one_request(conn, reader, time.monotonic() + limits.request_timeout):
                     return
         except PeerGone:
             conn.linger = False
@@ -652,144 +580,6 @@ class WSGIServer:
 
     def _closing(self) -> bool:
         return self.draining
-
-    def _answer(self, conn: Connection, status: int, code: str, message: str) -> None:
-        """A response of the server's own, then the connection closes."""
-        conn.linger = True
-        try:
-            answer = error_response(status, code, message, http_date(time.time()))
-            conn.send(answer, min(self.limits.send_timeout, 5.0))
-        except PeerGone:
-            conn.linger = False
-
-    def _one_request(self, conn: Connection, reader: Reader, deadline: float) -> bool:
-        """Read and answer one request; True when the connection stays open."""
-        limits = self.limits
-        try:
-            head = reader.head(deadline, limits.max_header_bytes)
-            if head is None:
-                return False
-            req = parse_request_head(head, limits.max_headers)
-        except Deadline:
-            if reader.buf:
-                self._answer(conn, 408, "REQUEST_TIMEOUT", "The request did not arrive in time.")
-            return False
-        except PeerGone:
-            return False
-        except ProtocolError as err:
-            self._answer(conn, err.status, err.code, err.message)
-            return False
-        conn.requests += 1
-        conn.path = req.path
-        send_continue = partial(conn.send, CONTINUE, limits.send_timeout) if req.expects_continue else None
-        body = RequestBody(reader, deadline, req.body, send_continue)
-        if conn.reserve and not (req.method in ("GET", "HEAD") and req.path in limits.reserve_paths):
-            # beyond the limit: 503 SERVER_BUSY; a small body is read first so the close is clean
-            conn.linger = not body.drain(limits.drain_bytes)
-            try:
-                conn.send(self._busy, min(limits.send_timeout, 5.0))
-            except PeerGone:
-                conn.linger = False
-            return False
-        conn.state = ConnState.ACTIVE
-        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, self._closing)
-        self._run_app(conn, req, body, response)
-        return response.keep_alive and not conn.aborted
-
-    def _environ(self, conn: Connection, req: Request, body: RequestBody) -> dict[str, Any]:
-        environ = dict(self._base_environ)
-        peer = conn.peer
-        environ.update(
-            {
-                "REQUEST_METHOD": req.method,
-                "PATH_INFO": unquote_to_bytes(req.path).decode("latin-1") if "%" in req.path else req.path,
-                "QUERY_STRING": req.query,
-                "REQUEST_URI": req.target,
-                "RAW_URI": req.target,
-                "SERVER_PROTOCOL": req.version,
-                "REMOTE_ADDR": peer[0] if isinstance(peer, tuple) else "",
-                "REMOTE_PORT": str(peer[1]) if isinstance(peer, tuple) else "",
-                "wsgi.input": body,
-                CLIENT_GONE_KEY: conn.hung_up,
-            }
-        )
-        for name, value in req.headers:
-            key = name.upper().replace("-", "_")
-            if "_" in name:  # never let a header pose as another (Foo_Bar vs Foo-Bar)
-                continue
-            if key == "CONTENT_LENGTH":
-                if req.chunked:
-                    continue
-            elif key != "CONTENT_TYPE":
-                key = "HTTP_" + key
-                if key in environ:
-                    value = f"{environ[key]},{value}"
-            environ[key] = value
-        if req.chunked:
-            environ.pop("CONTENT_LENGTH", None)
-        return environ
-
-    def _run_app(
-        self, conn: Connection, req: Request, body: RequestBody, response: Response, inline: InlineAnswer | None = None
-    ) -> bool:
-        """Run the application for one request; its iterable's ``close()`` always runs.
-        With ``inline`` (the application's ``answer_inline``), False when it declined."""
-        environ = self._environ(conn, req, body)
-        result: Iterable[bytes] | None = None
-        try:
-            if inline is not None:
-                result = inline(environ, response.start_response)
-                if result is None:
-                    return False
-            else:
-                result = self.app(environ, response.start_response)
-            if req.method == "HEAD":
-                if response.status is None:  # a lazy application answers in its first item
-                    for _ in result:
-                        if response.status is not None:
-                            break
-                response.write(b"")
-            else:
-                for data in result:
-                    response.write(data)
-            response.finish()
-        except PeerGone:
-            response.keep_alive = False
-            conn.linger = False
-        except BodyError as err:
-            response.keep_alive = False
-            self._failed(conn, response, err.status, err.code, str(err), quiet=True)
-        except Exception as exc:  # noqa: BLE001 - the application failed: 500 if nothing was sent yet
-            response.keep_alive = False
-            if body.error is not None:
-                err = body.error
-                self._failed(conn, response, err.status, err.code, str(err), quiet=True)
-            else:
-                log.error("%s %.200s failed: %s", req.method, req.path, describe(exc))
-                self._failed(conn, response, 500, "INTERNAL_ERROR", "The server failed to answer.", quiet=False)
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # noqa: BLE001 - log it; the connection goes on
-                    log.error("closing %s %.200s failed: %s", req.method, req.path, describe(exc))
-                    response.keep_alive = False
-        return True
-
-    def _failed(self, conn: Connection, response: Response, status: int, code: str, message: str, quiet: bool) -> None:
-        if response.head_sent:
-            return  # the client sees a truncated response: the connection closes
-        if code == "CLIENT_GONE":
-            conn.linger = False
-            return
-        if quiet:
-            log.info("%s from %s: %s", status, conn.peer[0] if isinstance(conn.peer, tuple) else conn.peer, message)
-        if response.out is not None:  # answered on the I/O thread: the answer goes out with the rest
-            conn.linger = True
-            response.out[:] = [error_response(status, code, message, http_date(time.time()))]
-            return
-        self._answer(conn, status, code, message)
 
 
 def make_server(host: str, port: int, app: WSGIApp, limits: ServerLimits | None = None) -> WSGIServer:

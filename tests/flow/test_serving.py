@@ -1060,5 +1060,5 @@ def test_deadlines_of_quick_answers_do_not_pile_up(serve: Serve) -> None:
     for _ in range(500):
         conn.request("GET", "/health")
         assert conn.response()[0] == 200
-    assert len(server._timers) < 100  # one current deadline per waiting connection, plus a bounded rest
+    assert len(server._deadlines) < 100  # one current deadline per waiting connection, plus a bounded rest
     conn.close()
