@@ -295,7 +295,9 @@ class WSGIServer:
             return
         timeout = min(limits.request_timeout, 10.0) if conn.reserve else limits.request_timeout
         with self._lock:
-            self._park(conn, conn.opened + timeout)
+            parked = self._park(conn, conn.opened + timeout)
+        if not parked:  # the server stopped meanwhile
+            self._close(conn)
 
     # ------------------------------------------------------------------ waiting connections
     def _park(self, conn: Connection, deadline: float) -> bool:
