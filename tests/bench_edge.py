@@ -184,7 +184,7 @@ def main() -> int:
     )
     servers = {
         "werkzeug dev server": [sys.executable, "-c", WERKZEUG_LAUNCHER],
-        "built-in (serving.py)": [sys.executable, "run.py", "--port", "{port}"],
+        "built-in (http/server.py)": [sys.executable, "run.py", "--port", "{port}"],
     }
     results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in servers}
     try:

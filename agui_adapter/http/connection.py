@@ -1,7 +1,7 @@
 """The socket I/O of one connection of the built-in server: timed reads and writes, ``wsgi.input``.
 
-Why it exists: the server (``serving.py``) decides which connections live and runs the
-application; this module is what one connection's thread does with its socket. Every read
+Why it exists: the server (``server.py``) decides which connections live and runs the
+application; this module is what a worker does with one connection's socket. Every read
 is bounded by the request's absolute deadline (a client that trickles its request byte by
 byte does not reset it, unlike a per-``recv`` timeout), every write by the send timeout
 (a client that stops reading is gone), and another thread can ``abort`` a connection to
@@ -9,10 +9,10 @@ wake its owner out of either. The socket is non-blocking: each call is made at o
 ``poll()`` waits only when it would block (a timed Python socket polls before every call and
 changes its timeout with an ``ioctl``: twice the system calls, each a hand-off of the GIL
 among the server's threads). ``RequestBody`` is ``wsgi.input``: exactly the request's
-body, decoded by the wire rules of ``http11.py``, then EOF; a failure is remembered so
+body, decoded by the wire rules of ``rules.py``, then EOF; a failure is remembered so
 that the server answers it (408, 400) whatever the application does with it. ``Response``
 is the other way: ``start_response`` and every chunk written at once, framed as
-``http11.plan_response`` decides.
+``rules.plan_response`` decides.
 
 While the application holds a request, it may ask whether the client hung up
 (``Connection.hung_up``, offered in the environ as ``CLIENT_GONE_KEY``): a stream that waits
@@ -30,12 +30,14 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from agui_adapter.http.rules import (
     LAST_CHUNK,
     BodyFraming,
     ChunkedDecoder,
+    Framing,
     ProtocolError,
     Request,
     ResponseHead,
@@ -57,10 +59,16 @@ CLIENT_GONE_KEY = "agui.client_gone"
 _RDHUP = getattr(select, "POLLRDHUP", 0)
 _HANGUP_EVENTS = select.POLLHUP | select.POLLERR | (_RDHUP or select.POLLIN)
 
-# connection states
-IDLE = "idle"  # waiting for the next request of a keep-alive connection
-READING = "reading"  # a request's line, headers (and body) are arriving
-ACTIVE = "active"  # the application has the request
+
+class ConnState(str, Enum):
+    """Where a connection stands (a ``str`` enum: a member equals its value, ``"idle"``)."""
+
+    IDLE = "idle"
+    """Waiting for the next request of a keep-alive connection (or the first of a new one)."""
+    READING = "reading"
+    """A request's line, headers (and body) are arriving."""
+    ACTIVE = "active"
+    """The application has the request."""
 
 
 class BodyError(OSError):
@@ -86,7 +94,7 @@ class ConnectionInfo:
     """A snapshot of one open connection (see ``WSGIServer.connections``)."""
 
     peer: str
-    state: str
+    state: ConnState
     reserve: bool
     opened: float
     requests: int
@@ -96,19 +104,36 @@ class ConnectionInfo:
 class Connection:
     """One accepted socket, owned by one thread (others may only ``abort`` it)."""
 
-    __slots__ = ("sock", "peer", "reserve", "state", "opened", "requests", "path", "linger", "aborted", "_polls")
+    __slots__ = (
+        "sock",
+        "peer",
+        "reserve",
+        "state",
+        "opened",
+        "requests",
+        "path",
+        "linger",
+        "aborted",
+        "reader",
+        "ticket",
+        "_polls",
+    )
 
     def __init__(self, sock: socket.socket, peer: Any, reserve: bool) -> None:
         sock.setblocking(False)
         self.sock = sock
         self.peer = peer
         self.reserve = reserve
-        self.state = READING
+        self.state = ConnState.READING
         self.opened = time.monotonic()
         self.requests = 0
         self.path = ""
         self.linger = False
         self.aborted = False
+        self.reader = Reader(self)
+        """Its buffered reads (bytes read past a request are the next one's)."""
+        self.ticket = 0
+        """While it waits on the server's I/O thread, which of its deadlines is current (else 0)."""
         self._polls: dict[int, select.poll] = {}
 
     def ready(self, events: int, timeout: float) -> bool:
@@ -227,20 +252,6 @@ class Reader:
             if not data:
                 raise PeerGone("closed by the client")
             return data
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for bytes; False when none came or the client closed."""
-        if self.buf:
-            return True
-        deadline = time.monotonic() + timeout
-        try:
-            # idle between requests: nothing to read yet, so wait first and read once
-            if not self.conn.ready(select.POLLIN, timeout):
-                return False
-            self.buf = self._recv(deadline)
-        except (Deadline, PeerGone):
-            return False
-        return True
 
     def head(self, deadline: float, limit: int) -> bytes | None:
         """The request line and headers, through the blank line; None on a clean close.
@@ -442,7 +453,7 @@ class RequestBody:
 
 
 class Response:
-    """One response: ``start_response``, its head (``http11.plan_response``), the writes, and
+    """One response: ``start_response``, its head (``rules.plan_response``), the writes, and
     whether the connection survives."""
 
     __slots__ = (
@@ -457,6 +468,7 @@ class Response:
         "head",
         "keep_alive",
         "written",
+        "out",
     )
 
     def __init__(
@@ -467,6 +479,7 @@ class Response:
         send_timeout: float,
         drain_bytes: int,
         closing: Callable[[], bool],
+        out: list[bytes] | None = None,
     ) -> None:
         self.conn = conn
         self.req = req
@@ -481,6 +494,8 @@ class Response:
         """Once sent."""
         self.keep_alive = req.keep_alive
         self.written = 0
+        self.out = out
+        """When a list, what is written is kept there (to be sent at once by the caller) instead of sent."""
 
     @property
     def head_sent(self) -> bool:
@@ -538,24 +553,31 @@ class Response:
             first = b""
         if head.no_body or not data:
             out = first
-        elif head.framing == "chunked":
+        elif head.framing is Framing.CHUNKED:
             out = encode_chunk(data, first)
         else:
-            if head.framing == "length" and len(data) > head.length - self.written:
+            if head.framing is Framing.LENGTH and len(data) > head.length - self.written:
                 log.warning("%s: the application wrote more than its Content-Length", self.req.path)
                 data = data[: head.length - self.written]
                 self.keep_alive = False
             out = first + data if first else data
         self.written += len(data)
         if out:
-            self.conn.send(out, self.send_timeout)
+            self.send(out)
+
+    def send(self, data: bytes) -> None:
+        """Send bytes of this response (or keep them in ``out``)."""
+        if self.out is not None:
+            self.out.append(data)
+        else:
+            self.conn.send(data, self.send_timeout)
 
     def finish(self) -> None:
         if self.head is None:
             self.write(b"")
         assert self.head is not None
-        if self.head.framing == "chunked":
-            self.conn.send(LAST_CHUNK, self.send_timeout)
-        elif self.head.framing == "length" and self.written != self.head.length:
+        if self.head.framing is Framing.CHUNKED:
+            self.send(LAST_CHUNK)
+        elif self.head.framing is Framing.LENGTH and self.written != self.head.length:
             log.warning("%s: the application wrote less than its Content-Length", self.req.path)
             self.keep_alive = False

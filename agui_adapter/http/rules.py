@@ -2,7 +2,7 @@
 
 Why it exists: what the bytes of a request and a response mean is decided here, apart from
 sockets, threads and clocks, so that every rule is a function of bytes and values that a
-unit test can call (``tests/unit/test_http_rules.py``), and the server (``serving.py``, with
+unit test can call (``tests/unit/test_http_rules.py``), and the server (``server.py``, with
 the socket reads and writes of one connection in ``connection.py``) only moves bytes and
 keeps time. The subset is what a WSGI server needs:
 
@@ -38,9 +38,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from email.utils import formatdate
+from enum import Enum
 from functools import lru_cache
 from http import HTTPStatus
-from typing import Literal
 
 MAX_REQUEST_LINE = 8 * 1024
 MAX_CHUNK_LINE = 4 * 1024
@@ -80,8 +80,16 @@ def _valid_token(name: str) -> bool:
 
 
 Headers = list[tuple[str, str]]
-ResponseFraming = Literal["length", "chunked", "close", "none"]
-"""How a response body is delimited: ``Content-Length``, chunked, by closing, or no body."""
+
+
+class Framing(str, Enum):
+    """How a body is delimited: ``Content-Length`` bytes, chunked, by closing the connection
+    (responses only), or no body. A ``str`` enum: a member equals its value (``"chunked"``)."""
+
+    LENGTH = "length"
+    CHUNKED = "chunked"
+    CLOSE = "close"
+    NONE = "none"
 
 
 class ProtocolError(Exception):
@@ -141,10 +149,10 @@ class BodyFraming:
     chunked: bool = False
 
     @property
-    def kind(self) -> Literal["length", "chunked", "none"]:
+    def kind(self) -> Framing:
         if self.chunked:
-            return "chunked"
-        return "none" if self.length is None else "length"
+            return Framing.CHUNKED
+        return Framing.NONE if self.length is None else Framing.LENGTH
 
 
 @dataclass
@@ -370,6 +378,23 @@ def _trailer_line(line: bytes) -> bool:
     return bool(sep) and _TOKEN.fullmatch(name) is not None and not _FORBIDDEN.search(value)
 
 
+class _Chunk(Enum):
+    """Where a chunked body's decoding stands; each line-reading state knows its longest line."""
+
+    SIZE = "size"  # a chunk-size line (and its extensions)
+    DATA = "data"  # a chunk's data
+    DATA_END = "data-end"  # the CRLF after a chunk's data
+    TRAILERS = "trailers"  # the trailer lines after the last chunk, through the blank line
+    DONE = "done"
+
+    @property
+    def longest_line(self) -> int:
+        return _LONGEST_LINE[self]
+
+
+_LONGEST_LINE = {_Chunk.SIZE: MAX_CHUNK_LINE, _Chunk.DATA_END: 2, _Chunk.TRAILERS: MAX_TRAILERS}
+
+
 class ChunkedDecoder:
     """A chunked request body, decoded from the bytes fed to it as they arrive.
 
@@ -382,20 +407,16 @@ class ChunkedDecoder:
 
     __slots__ = ("_buf", "_pos", "_state", "_left", "_trailer_bytes")
 
-    _SIZE, _DATA, _DATA_END, _TRAILERS, _DONE = range(5)
-    _LINE_LIMITS = {_SIZE: MAX_CHUNK_LINE, _DATA_END: 2, _TRAILERS: MAX_TRAILERS}
-    """The longest line each state reads (``2``: the CRLF after a chunk's data)."""
-
     def __init__(self) -> None:
         self._buf = b""
         self._pos = 0  # where the unread bytes of ``_buf`` start (no copy per chunk taken)
-        self._state = self._SIZE
+        self._state = _Chunk.SIZE
         self._left = 0
         self._trailer_bytes = 0
 
     @property
     def done(self) -> bool:
-        return self._state == self._DONE
+        return self._state is _Chunk.DONE
 
     @property
     def unused(self) -> bytes:
@@ -411,9 +432,9 @@ class ChunkedDecoder:
     def read(self, size: int = -1) -> bytes | None:
         while True:
             state = self._state
-            if state == self._DONE:
+            if state is _Chunk.DONE:
                 return b""
-            if state == self._DATA:
+            if state is _Chunk.DATA:
                 pos = self._pos
                 available = len(self._buf) - pos
                 if not available:
@@ -423,24 +444,24 @@ class ChunkedDecoder:
                 self._pos = pos + take
                 self._left -= take
                 if self._left == 0:
-                    self._state = self._DATA_END
+                    self._state = _Chunk.DATA_END
                 return data
-            line = self._line(self._LINE_LIMITS[state])
+            line = self._line(state.longest_line)
             if line is None:
                 return None
-            if state == self._SIZE:
+            if state is _Chunk.SIZE:
                 self._left = parse_chunk_size(line)
-                self._state = self._DATA if self._left else self._TRAILERS
-            elif state == self._DATA_END:
+                self._state = _Chunk.DATA if self._left else _Chunk.TRAILERS
+            elif state is _Chunk.DATA_END:
                 if line != b"\r\n":
                     raise _bad_chunk()
-                self._state = self._SIZE
+                self._state = _Chunk.SIZE
             else:
                 self._trailer_bytes += len(line)
                 if self._trailer_bytes > MAX_TRAILERS or not _trailer_line(line):
                     raise _bad_chunk()
                 if line == b"\r\n":
-                    self._state = self._DONE
+                    self._state = _Chunk.DONE
 
     def read_available(self) -> bytes | None:
         """All the body data at hand, across chunks (``read`` gives one chunk's at a time):
@@ -448,10 +469,10 @@ class ChunkedDecoder:
         parts: list[bytes] = []
         buf = self._buf
         while True:
-            if self._state == self._DATA_END and buf[self._pos : self._pos + 2] == b"\r\n":
+            if self._state is _Chunk.DATA_END and buf[self._pos : self._pos + 2] == b"\r\n":
                 self._pos += 2  # a chunk's CRLF that ``read`` left: back to the inline case
-                self._state = self._SIZE
-            if self._state == self._SIZE:  # the common case, inline: size line, data, CRLF
+                self._state = _Chunk.SIZE
+            if self._state is _Chunk.SIZE:  # the common case, inline: size line, data, CRLF
                 pos = self._pos
                 end = buf.find(b"\n", pos, pos + MAX_CHUNK_LINE)
                 if end >= 0:
@@ -502,7 +523,7 @@ class ResponseHead:
     status: str
     headers: Headers
     """The application's headers as sent: hop-by-hop ones and an invalid length dropped."""
-    framing: ResponseFraming
+    framing: Framing
     length: int
     """The body's length with ``length`` framing."""
     keep_alive: bool
@@ -511,13 +532,13 @@ class ResponseHead:
 
     @property
     def no_body(self) -> bool:
-        return self.framing == "none"
+        return self.framing is Framing.NONE
 
     def encode(self, date: str) -> bytes:
         lines = [f"HTTP/1.1 {self.status}"]
         lines += [f"{name}: {value}" for name, value in self.headers]
         lines.append(f"Date: {date}")
-        if self.framing == "chunked":
+        if self.framing is Framing.CHUNKED:
             lines.append("Transfer-Encoding: chunked")
         if not self.keep_alive:
             lines.append("Connection: close")
@@ -552,15 +573,15 @@ def plan_response(status: str, headers: Iterable[tuple[str, str]], request: Requ
                 continue  # an invalid length is dropped: the body is then chunked
             length = int(value)
         sent.append((name, value))
-    framing: ResponseFraming
+    framing: Framing
     if request.method == "HEAD" or 100 <= code < 200 or code in (204, 304):
-        framing = "none"
+        framing = Framing.NONE
     elif length is not None:
-        framing = "length"
+        framing = Framing.LENGTH
     elif request.version == "HTTP/1.1":
-        framing = "chunked"
+        framing = Framing.CHUNKED
     else:
-        framing, keep_alive = "close", False
+        framing, keep_alive = Framing.CLOSE, False
     return ResponseHead(status, sent, framing, length or 0, keep_alive, request.version)
 
 

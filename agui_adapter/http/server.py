@@ -17,13 +17,26 @@ connection limit. Keeping them would have meant overriding their core and living
 their private details; the protocol subset a WSGI server needs (request line, headers,
 ``Content-Length``/chunked bodies, chunked or length-framed responses) is small enough to
 own, test (the rules without sockets, the server over real ones), and keep free of new
-runtime dependencies. Its wire rules, with no I/O, are ``http11.py``; the socket I/O of one
+runtime dependencies. Its wire rules, with no I/O, are ``rules.py``; the socket I/O of one
 connection (timed reads and writes, ``wsgi.input``, the response writer) is
-``connection.py``; this module is the server: the accept loop, the connections and their
-limits, a thread each, the WSGI environ and the application's run, and the shutdown API.
+``connection.py``; one request (its head, the WSGI environ, the application's run, the
+server's own JSON answers) is ``exchange.py``; the worker threads are ``workers.py``, the
+waiting connections' deadlines ``deadlines.py``, the limits ``limits.py``; this module is the
+server: the I/O thread, the connections and their limits, and the shutdown API.
 
-Threading model: an accept loop hands every connection to its own thread, which
-serves its requests in turn; an SSE stream holds its thread. Every chunk the application
+Threading model (waitress's, with one twist): one I/O thread (``serve_forever``) accepts
+connections and watches every one that waits for a request, new or kept alive, with one
+``select``; a waiting connection holds no thread, and its deadline (the request timeout for a
+new one, the keep-alive timeout after a response) is a timer of that thread. When a request
+arrives, the I/O thread reads what is there; if that is a whole request with a small body and
+the application offers ``answer_inline(environ, start_response)`` (the adapter does: a refusal
+before admission, ``/health``), it runs that on the I/O thread and sends the answer, head and
+body, in one ``send``: the commonest short answers cost no thread hand-off at all. Otherwise
+(no such method, it returns None, a partial request, a large or chunked body,
+``Expect: 100-continue``, an answer larger than the socket takes at once) the connection goes
+to a worker thread (a waiting one, else a new one), which serves it as a blocking server does
+and hands it back to the I/O thread when it waits for its next request. An SSE stream holds
+its worker. Every chunk the application
 yields is written at once (``TCP_NODELAY``, no buffering), so heartbeats and deltas leave
 when they are produced, and a write that fails (the client went away) or cannot make
 progress for ``send_timeout`` seconds ends the response: the WSGI iterable's ``close()``
@@ -53,59 +66,50 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
-from urllib.parse import unquote_to_bytes
+from enum import Enum
 
 from agui_adapter.http.connection import (
-    ACTIVE,
-    CLIENT_GONE_KEY,
-    IDLE,
-    READING,
     RECV,
-    BodyError,
     Connection,
     ConnectionInfo,
-    Deadline,
+    ConnState,
     PeerGone,
     Reader,
     RequestBody,
     Response,
 )
-from agui_adapter.http.rules import CONTINUE, ProtocolError, Request, error_response, http_date, parse_request_head
-from agui_adapter.ops.faults import describe
+from agui_adapter.http.deadlines import FOREVER, Deadlines
+from agui_adapter.http.exchange import Exchanges, InlineAnswer, WSGIApp
+from agui_adapter.http.limits import ServerLimits
+from agui_adapter.http.rules import (
+    ProtocolError,
+    error_response,
+    http_date,
+    parse_request_head,
+    take_head,
+)
+from agui_adapter.http.workers import WorkerPool
 
 log = logging.getLogger("agui_adapter.http.server")
 
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+INLINE_BODY_BYTES = 16 * 1024
+"""The largest request body answered on the I/O thread (a larger one goes to a worker)."""
+_LONGEST_WAIT = 3600.0  # one select() (a deadline years away is waited for an hour at a time)
+_KERNEL_REGISTRATION = tuple(
+    getattr(selectors, name)
+    for name in ("EpollSelector", "KqueueSelector", "DevpollSelector")
+    if hasattr(selectors, name)
+)
+"""Selectors whose registrations reach a ``select()`` already waiting (the kernel holds the set)."""
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """Timeouts and bounds of the server (the flags of ``python run.py`` set the first four)."""
+class Slot(Enum):
+    """The place an accepted connection gets: within the limit, in the reserve, or none (503)."""
 
-    keepalive_timeout: float = 5.0
-    """Seconds an idle keep-alive connection is kept open between requests."""
-    request_timeout: float = 30.0
-    """Deadline, from its first byte, for a request's line, headers and body to arrive."""
-    send_timeout: float = 60.0
-    """A write that cannot make progress for this long means the client is gone."""
-    max_connections: int = 1024
-    """Connections served at once; beyond, idle keep-alive connections are closed, then the reserve."""
-    reserve_connections: int = 16
-    """Extra connections beyond the limit that answer ``reserve_paths`` (else 503 SERVER_BUSY)."""
-    reserve_paths: tuple[str, ...] = ("/health",)
-    retry_after_seconds: int = 1
-    backlog: int = max(1024, socket.SOMAXCONN)
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    drain_bytes: int = 64 * 1024
-    """An unread request body up to this size is read and dropped to keep the connection."""
-    linger_bytes: int = 16 * 1024 * 1024
-    """When closing with a body unread, read and drop up to this much so the client sees the answer."""
-    linger_seconds: float = 2.0
+    REGULAR = "regular"
+    RESERVE = "reserve"
+    NONE = "none"
 
 
 class WSGIServer:
@@ -129,7 +133,6 @@ class WSGIServer:
         *,
         server_software: str = "agui-adapter",
     ) -> None:
-        self.app = app
         self.limits = limits or ServerLimits()
         self.draining = False
         self._lock = threading.Lock()
@@ -140,6 +143,13 @@ class WSGIServer:
         self._accepting = True
         self._loop_done = threading.Event()
         self._loop_done.set()
+        self._looping = False
+        self._selector = selectors.DefaultSelector()
+        self._wake_on_park = not isinstance(self._selector, _KERNEL_REGISTRATION)
+        self._parked: dict[int, Connection] = {}  # id -> connection waiting on the I/O thread
+        self._deadlines = Deadlines()
+        self._next_wake = FOREVER  # the deadline the I/O thread sleeps until
+        self._workers = WorkerPool(self._serve)
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
@@ -178,32 +188,68 @@ class WSGIServer:
             http_date(time.time()),
             [("Retry-After", str(self.limits.retry_after_seconds))],
         )
+        self._exchanges = Exchanges(app, self.limits, self._base_environ, self._busy, self._closing)
+        self._inline: InlineAnswer | None = None
+        self.app = app
         served_by = getattr(app, "served_by", None)
         if callable(served_by):  # the app may watch the server (its open connections, for /metrics)
             served_by(self)
 
-    # ================================================================== accept loop
+    @property
+    def app(self) -> WSGIApp:
+        """The WSGI application; its ``answer_inline``, when it has one, runs on the I/O thread."""
+        return self._exchanges.app
+
+    @app.setter
+    def app(self, app: WSGIApp) -> None:
+        self._exchanges.app = app
+        inline = getattr(app, "answer_inline", None)
+        self._inline = inline if callable(inline) else None
+
+    # ================================================================== the I/O thread
     def serve_forever(self, poll_interval: float | None = None) -> None:
-        """Accept connections until ``stop_accepting()`` or ``shutdown()``."""
+        """Accept and serve connections until ``stop_accepting()`` or ``shutdown()`` (then
+        until the last waiting keep-alive connection is closed)."""
         del poll_interval  # accepted for compatibility with socketserver-style callers
-        self._loop_done.clear()
-        selector = selectors.DefaultSelector()
-        try:
+        selector = self._selector
+        with self._lock:
+            if not self._accepting or self._looping:
+                return
+            self._looping = True
+            self._loop_done.clear()
             selector.register(self._wake_r, selectors.EVENT_READ)
-            with self._lock:
-                if not self._accepting:
-                    return
-                selector.register(self.socket, selectors.EVENT_READ)
-            while self._accepting:
-                for key, _ in selector.select():
-                    if key.fileobj is self._wake_r:
+            selector.register(self.socket, selectors.EVENT_READ)
+        listening = True
+        try:
+            while True:
+                timeout = self._expire()
+                for key, _ in selector.select(timeout):
+                    conn = key.data
+                    if conn is not None:
+                        self._readable(conn)
+                    elif key.fileobj is self._wake_r:
                         try:
                             self._wake_r.recv(64)
                         except OSError:
                             pass
                     elif self._accepting:
                         self._accept()
+                with self._lock:
+                    if not self._accepting:
+                        if listening:
+                            listening = False
+                            selector.unregister(self.socket)
+                        if not self._parked:
+                            self._looping = False
+                            break
         finally:
+            with self._lock:
+                self._looping = False
+                left = list(self._parked.values())
+                self._parked.clear()
+                self._deadlines.clear()
+            for conn in left:
+                self._close(conn)
             selector.close()
             self._loop_done.set()
 
@@ -230,31 +276,172 @@ class WSGIServer:
             if self._regular >= limits.max_connections:
                 evict = self._oldest_idle()
             if self._regular < limits.max_connections or evict is not None:
-                reserve = False
+                slot = Slot.REGULAR
             elif self._reserve < limits.reserve_connections:
-                reserve = True
+                slot = Slot.RESERVE
             else:
-                reserve = None
-            if reserve is not None:
-                conn = Connection(sock, peer, reserve)
+                slot = Slot.NONE
+            if slot is not Slot.NONE:
+                conn = Connection(sock, peer, slot is Slot.RESERVE)
                 self._connections[id(conn)] = conn
-                if reserve:
+                if conn.reserve:
                     self._reserve += 1
                 else:
                     self._regular += 1
         if evict is not None:
             evict.abort()
-        if reserve is None:
+        if slot is Slot.NONE:
             self._refuse(sock)
             return
+        timeout = min(limits.request_timeout, 10.0) if conn.reserve else limits.request_timeout
+        with self._lock:
+            parked = self._park(conn, conn.opened + timeout)
+        if not parked:  # the server stopped meanwhile
+            self._close(conn)
+
+    # ------------------------------------------------------------------ waiting connections
+    def _park(self, conn: Connection, deadline: float) -> bool:
+        """Hand a connection with no request pending to the I/O thread, until ``deadline``;
+        False when the server no longer keeps idle connections. Called with the lock held."""
+        if not self._looping or not self._accepting or conn.aborted:
+            return False
+        conn.state = ConnState.IDLE if conn.requests else ConnState.READING  # a new one awaits its first
+        self._parked[id(conn)] = conn
+        self._deadlines.set(conn, deadline, len(self._parked))
         try:
-            threading.Thread(target=self._serve, args=(conn,), name=f"http-{peer[1]}", daemon=True).start()
-        except RuntimeError:  # can't start new thread
-            self._forget(conn)
-            self._refuse(sock)
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        except (KeyError, ValueError, OSError):  # closed meanwhile
+            self._parked.pop(id(conn), None)
+            self._deadlines.cancel(conn)
+            return False
+        if self._wake_on_park or deadline < self._next_wake:
+            self._wake()
+        return True
+
+    def _unpark(self, conn: Connection) -> None:
+        """Take a connection off the I/O thread's watch (on the I/O thread)."""
+        with self._lock:
+            self._parked.pop(id(conn), None)
+            self._deadlines.cancel(conn)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _renew(self, conn: Connection, deadline: float) -> None:
+        """A new deadline for a connection that stays on the I/O thread."""
+        with self._lock:
+            self._deadlines.set(conn, deadline, len(self._parked))
+        conn.state = ConnState.IDLE
+
+    def _expire(self) -> float | None:
+        """Close the waiting connections whose deadline passed; seconds to the next deadline."""
+        now = time.monotonic()
+        with self._lock:
+            expired = self._deadlines.expired(now)
+            self._next_wake = self._deadlines.earliest()
+        for conn in expired:
+            self._unpark(conn)
+            self._close(conn)
+        return None if self._next_wake == FOREVER else min(max(0.0, self._next_wake - now), _LONGEST_WAIT)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _close(self, conn: Connection) -> None:
+        """Close a connection that needs no lingering read (the I/O thread never waits)."""
+        conn.linger = False
+        conn.close(0.0, 0)
+        self._forget(conn)
+
+    def _readable(self, conn: Connection) -> None:
+        """A waiting connection has bytes (or was closed): answer at once or hand it to a worker."""
+        reader = conn.reader
+        try:
+            data = conn.sock.recv(RECV)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data or conn.aborted or (self.draining and conn.requests):
+            self._unpark(conn)
+            self._close(conn)
+            return
+        reader.buf += data
+        first = conn.requests == 0
+        if first:
+            limit = min(self.limits.request_timeout, 10.0) if conn.reserve else self.limits.request_timeout
+            deadline = conn.opened + limit
+        else:
+            deadline = time.monotonic() + self.limits.request_timeout
+        if self._inline is not None and not conn.reserve and self._answer_inline(conn, reader, deadline):
+            return
+        self._unpark(conn)
+        self._dispatch(conn, reader, deadline, None)
+
+    def _answer_inline(self, conn: Connection, reader: Reader, deadline: float) -> bool:
+        """Answer a whole, small request on the I/O thread when the application can without
+        blocking (``answer_inline``); False when a worker must serve it (nothing is changed then)."""
+        limits = self.limits
+        buf = reader.buf
+        try:
+            head, rest = take_head(buf, limits.max_header_bytes)
+            if head is None:
+                return False
+            req = parse_request_head(head, limits.max_headers)
+        except ProtocolError:
+            return False  # a worker answers it (and lingers)
+        if req.chunked or req.expects_continue or (req.length or 0) > min(len(rest), INLINE_BODY_BYTES):
+            return False
+        assert self._inline is not None
+        reader.buf = rest
+        conn.requests += 1
+        conn.path = req.path
+        conn.state = ConnState.ACTIVE
+        body = RequestBody(reader, deadline, req.body, None)
+        out: list[bytes] = []
+        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, self._closing, out)
+        if not self._exchanges.run_app(conn, req, body, response, self._inline):  # the application needs a thread
+            reader.buf = buf
+            conn.requests -= 1
+            conn.state = ConnState.IDLE
+            return False
+        data = b"".join(out)
+        keep = response.keep_alive and not conn.aborted
+        sent = 0
+        try:
+            sent = conn.sock.send(data) if data else 0
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._unpark(conn)
+            self._close(conn)
+            return True
+        if sent < len(data) or (keep and reader.buf) or (not keep and conn.linger):
+            # the rest of the answer, the next request pipelined, or a lingering close: a worker's
+            self._unpark(conn)
+            self._dispatch(conn, reader, time.monotonic() + limits.request_timeout, (data[sent:], keep))
+            return True
+        if not keep:
+            self._unpark(conn)
+            self._close(conn)
+            return True
+        self._renew(conn, time.monotonic() + limits.keepalive_timeout)
+        return True
+
+    # ------------------------------------------------------------------ workers
+    def _dispatch(self, conn: Connection, reader: Reader, deadline: float, pending: tuple[bytes, bool] | None) -> None:
+        """Serve the connection on a worker thread (``workers.py``)."""
+        conn.state = ConnState.READING
+        if not self._workers.submit((conn, reader, deadline, pending)):
+            conn.abort()
+            self._close(conn)
 
     def _oldest_idle(self) -> Connection | None:
-        idle = [c for c in self._connections.values() if c.state == IDLE and not c.aborted and not c.reserve]
+        idle = [c for c in self._connections.values() if c.state is ConnState.IDLE and not c.aborted and not c.reserve]
         if not idle:
             return None
         victim = min(idle, key=lambda c: c.opened)
@@ -280,7 +467,7 @@ class WSGIServer:
         with self._lock:
             self._accepting = False
             self.draining = True
-            idle = [c for c in self._connections.values() if c.state == IDLE]
+            idle = [c for c in self._connections.values() if c.state is ConnState.IDLE]
         try:
             self.socket.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -317,7 +504,7 @@ class WSGIServer:
     def close_idle(self) -> int:
         """Close the keep-alive connections waiting for a request; how many there were."""
         with self._lock:
-            idle = [c for c in self._connections.values() if c.state == IDLE]
+            idle = [c for c in self._connections.values() if c.state is ConnState.IDLE]
         for conn in idle:
             conn.abort()
         return len(idle)
@@ -359,153 +546,42 @@ class WSGIServer:
                     self._regular -= 1
             self._changed.notify_all()
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: Connection, reader: Reader, deadline: float, pending: tuple[bytes, bool] | None) -> None:
+        """Serve a connection on this worker until it closes or waits for its next request
+        (then it goes back to the I/O thread). ``pending``: the rest of an answer the I/O
+        thread could not send at once, and whether the connection stays open after it."""
         limits = self.limits
-        reader = Reader(conn)
+        parked = False
         try:
-            deadline = conn.opened + (min(limits.request_timeout, 10.0) if conn.reserve else limits.request_timeout)
+            if pending is not None:
+                data, keep = pending
+                if data:
+                    conn.send(data, limits.send_timeout)
+                if not keep:
+                    return
+            elif not self._exchanges.one_request(conn, reader, deadline):
+                return
             while True:
-                if conn.requests:
-                    with self._lock:
-                        if self.draining or conn.aborted:
-                            break
-                        conn.state = IDLE
-                    if not reader.wait(limits.keepalive_timeout) or conn.aborted:
-                        break
-                    deadline = time.monotonic() + limits.request_timeout
-                    conn.state = READING
-                if not self._one_request(conn, reader, deadline):
-                    break
+                with self._lock:
+                    if self.draining or conn.aborted:
+                        return
+                    if not reader.buf:
+                        parked = self._park(conn, time.monotonic() + limits.keepalive_timeout)
+                        return
+                conn.state = ConnState.READING  # the next request was pipelined behind this one
+                if not self._exchanges.one_request(conn, reader, time.monotonic() + limits.request_timeout):
+                    return
+        except PeerGone:
+            conn.linger = False
         except Exception:  # noqa: BLE001 - a bug here must not kill the process
             log.exception("connection from %s failed", conn.peer)
         finally:
-            conn.close(self.limits.linger_seconds, self.limits.linger_bytes)
-            self._forget(conn)
+            if not parked:
+                conn.close(limits.linger_seconds, limits.linger_bytes)
+                self._forget(conn)
 
-    def _answer(self, conn: Connection, status: int, code: str, message: str) -> None:
-        """A response of the server's own, then the connection closes."""
-        conn.linger = True
-        try:
-            answer = error_response(status, code, message, http_date(time.time()))
-            conn.send(answer, min(self.limits.send_timeout, 5.0))
-        except PeerGone:
-            conn.linger = False
-
-    def _one_request(self, conn: Connection, reader: Reader, deadline: float) -> bool:
-        """Read and answer one request; True when the connection stays open."""
-        limits = self.limits
-        try:
-            head = reader.head(deadline, limits.max_header_bytes)
-            if head is None:
-                return False
-            req = parse_request_head(head, limits.max_headers)
-        except Deadline:
-            if reader.buf:
-                self._answer(conn, 408, "REQUEST_TIMEOUT", "The request did not arrive in time.")
-            return False
-        except PeerGone:
-            return False
-        except ProtocolError as err:
-            self._answer(conn, err.status, err.code, err.message)
-            return False
-        conn.requests += 1
-        conn.path = req.path
-        send_continue = partial(conn.send, CONTINUE, limits.send_timeout) if req.expects_continue else None
-        body = RequestBody(reader, deadline, req.body, send_continue)
-        if conn.reserve and not (req.method in ("GET", "HEAD") and req.path in limits.reserve_paths):
-            # beyond the limit: 503 SERVER_BUSY; a small body is read first so the close is clean
-            conn.linger = not body.drain(limits.drain_bytes)
-            try:
-                conn.send(self._busy, min(limits.send_timeout, 5.0))
-            except PeerGone:
-                conn.linger = False
-            return False
-        conn.state = ACTIVE
-        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, closing=lambda: self.draining)
-        self._run_app(conn, req, body, response)
-        return response.keep_alive and not conn.aborted
-
-    def _environ(self, conn: Connection, req: Request, body: RequestBody) -> dict[str, Any]:
-        environ = dict(self._base_environ)
-        peer = conn.peer
-        environ.update(
-            {
-                "REQUEST_METHOD": req.method,
-                "PATH_INFO": unquote_to_bytes(req.path).decode("latin-1") if "%" in req.path else req.path,
-                "QUERY_STRING": req.query,
-                "REQUEST_URI": req.target,
-                "RAW_URI": req.target,
-                "SERVER_PROTOCOL": req.version,
-                "REMOTE_ADDR": peer[0] if isinstance(peer, tuple) else "",
-                "REMOTE_PORT": str(peer[1]) if isinstance(peer, tuple) else "",
-                "wsgi.input": body,
-                CLIENT_GONE_KEY: conn.hung_up,
-            }
-        )
-        for name, value in req.headers:
-            key = name.upper().replace("-", "_")
-            if "_" in name:  # never let a header pose as another (Foo_Bar vs Foo-Bar)
-                continue
-            if key == "CONTENT_LENGTH":
-                if req.chunked:
-                    continue
-            elif key != "CONTENT_TYPE":
-                key = "HTTP_" + key
-                if key in environ:
-                    value = f"{environ[key]},{value}"
-            environ[key] = value
-        if req.chunked:
-            environ.pop("CONTENT_LENGTH", None)
-        return environ
-
-    def _run_app(self, conn: Connection, req: Request, body: RequestBody, response: Response) -> None:
-        """Run the application for one request; its iterable's ``close()`` always runs."""
-        environ = self._environ(conn, req, body)
-        result: Iterable[bytes] | None = None
-        try:
-            result = self.app(environ, response.start_response)
-            if req.method == "HEAD":
-                if response.status is None:  # a lazy application answers in its first item
-                    for _ in result:
-                        if response.status is not None:
-                            break
-                response.write(b"")
-            else:
-                for data in result:
-                    response.write(data)
-            response.finish()
-        except PeerGone:
-            response.keep_alive = False
-            conn.linger = False
-        except BodyError as err:
-            response.keep_alive = False
-            self._failed(conn, response, err.status, err.code, str(err), quiet=True)
-        except Exception as exc:  # noqa: BLE001 - the application failed: 500 if nothing was sent yet
-            response.keep_alive = False
-            if body.error is not None:
-                err = body.error
-                self._failed(conn, response, err.status, err.code, str(err), quiet=True)
-            else:
-                log.error("%s %.200s failed: %s", req.method, req.path, describe(exc))
-                self._failed(conn, response, 500, "INTERNAL_ERROR", "The server failed to answer.", quiet=False)
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # noqa: BLE001 - log it; the connection goes on
-                    log.error("closing %s %.200s failed: %s", req.method, req.path, describe(exc))
-                    response.keep_alive = False
-
-    def _failed(self, conn: Connection, response: Response, status: int, code: str, message: str, quiet: bool) -> None:
-        if response.head_sent:
-            return  # the client sees a truncated response: the connection closes
-        if code == "CLIENT_GONE":
-            conn.linger = False
-            return
-        if quiet:
-            log.info("%s from %s: %s", status, conn.peer[0] if isinstance(conn.peer, tuple) else conn.peer, message)
-        self._answer(conn, status, code, message)
+    def _closing(self) -> bool:
+        return self.draining
 
 
 def make_server(host: str, port: int, app: WSGIApp, limits: ServerLimits | None = None) -> WSGIServer:

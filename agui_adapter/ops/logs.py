@@ -144,7 +144,11 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exception"] = record.exc_text
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        return _JSON.encode(entry)
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, default=str)
+"""One encoder for every line (``json.dumps`` with options builds one per call)."""
 
 
 def _utc(created: float) -> str:

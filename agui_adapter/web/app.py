@@ -26,6 +26,11 @@ allowed; every actual response to an allowed origin carries ``Access-Control-All
 origin (``scheme://host[:port]``, ASCII, no control byte) is ever allowed, and so reflected,
 whatever ``cors_origins`` says (``*`` included): anything else (``null``, a path, a bare CR
 that another server let through) is answered as an origin not allowed.
+
+``answer_inline`` is the same application for a server that reads requests on one I/O thread
+(the built-in one): it answers what never blocks (a refusal of ``POST /`` before admission,
+``/health``, 404, 405, a preflight) and declines the rest (None, nothing written, nothing
+counted), which the server then runs on a thread of its own through ``__call__``.
 """
 
 from __future__ import annotations
@@ -83,6 +88,15 @@ _READ_CHUNK = 64 * 1024
 StartResponse = Callable[..., Any]
 #: The matched endpoint's name, kept in the environ for the HTTP requests metric (never the raw path).
 ROUTE_KEY = "agui_adapter.route"
+#: In the environ of a request ``answer_inline`` handles: the app must not block.
+INLINE_KEY = "agui_adapter.inline"
+#: The routes ``answer_inline`` answers (``run`` up to admission); every other one needs a thread.
+INLINE_ROUTES = frozenset(("health", "run"))
+
+
+class _NeedsThread(BaseException):  # noqa: N818 - a signal, not an error: ``except Exception`` lets it by
+    """Raised inside ``answer_inline`` where the request would block: the server runs it on a thread."""
+
 
 MAX_REQUEST_ID = 128
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -225,10 +239,14 @@ ROUTE_TEMPLATES = {
 }
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""``json.dumps`` with these options would build an encoder per call."""
+
+
 def json_response(
     start_response: StartResponse, status: int, body: dict[str, Any], extra: list[tuple[str, str]] | None = None
 ) -> list[bytes]:
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = _JSON.encode(body).encode("utf-8")
     phrase = _PHRASES.get(status, "")
     headers = [
         ("Content-Type", "application/json; charset=utf-8"),
@@ -288,6 +306,17 @@ class AguiApp:
         """The built-in server hands itself over (``serving``): its open connections and
         their limit become gauges of ``/metrics``."""
         self.engine.metrics.watch_connections(server.open_connections, server.limits.max_connections)
+
+    def answer_inline(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes] | None:
+        """The answer if it never blocks (see the module docstring), else None: the server then
+        calls the app on a thread of its own, with the same request."""
+        if self.tracing.enabled:  # one span per request: never start one to drop it
+            return None
+        environ[INLINE_KEY] = True
+        try:
+            return self(environ, start_response)
+        except _NeedsThread:
+            return None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = request_id_for(environ)
@@ -359,6 +388,8 @@ class AguiApp:
             )
         except HTTPException:  # e.g. a redirect for a path variant
             return self._error(start_response, language, AguiError(Code.NOT_FOUND, msg.NOT_FOUND))
+        if endpoint not in INLINE_ROUTES and environ.get(INLINE_KEY):
+            raise _NeedsThread
         try:
             if endpoint == "health":
                 return self.health(start_response)
@@ -567,6 +598,8 @@ class AguiApp:
             run_input = validate_run_input(payload)
             self._known_ids(environ, run_input.thread_id, run_input.run_id)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
+            if environ.get(INLINE_KEY):  # admission and reattach write and wait: a thread's work
+                raise _NeedsThread
             after = last_event_id(environ)
             if after is not None:  # a reattach, if the thread knows this run with this body
                 digest = request_digest(run_input.raw)

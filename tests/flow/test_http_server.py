@@ -905,3 +905,160 @@ def test_each_chunk_is_written_when_it_is_yielded(serve: Serve) -> None:
         received.set()
     assert conn._line() == b"0"
     conn.close()
+
+
+# ---------------------------------------------------------------------- the I/O thread
+
+
+class InlineApp(DemoApp):
+    """``DemoApp`` that answers ``/health``, ``/refuse``, ``/big`` and ``/fail-inline`` on the
+    server's I/O thread (``answer_inline``) and declines the rest after reading the body,
+    as the adapter declines a valid run; records which thread answered what."""
+
+    BIG = b"x" * (4 * 1024 * 1024)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inline: list[tuple[str, str]] = []  # (path, thread name)
+        self.threaded: list[tuple[str, str]] = []
+
+    def answer_inline(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        path = environ["PATH_INFO"]
+        environ["wsgi.input"].read()  # declined or not, the body is read here first
+        if path == "/big":
+            self.inline.append((path, threading.current_thread().name))
+            start_response("200 OK", [("Content-Length", str(len(self.BIG)))])
+            return [self.BIG]
+        if path == "/fail-inline":
+            raise RuntimeError("boom")
+        if path not in ("/health", "/refuse"):
+            return None
+        self.inline.append((path, threading.current_thread().name))
+        return self(environ, start_response)
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ["PATH_INFO"] not in ("/health", "/refuse"):
+            self.threaded.append((environ["PATH_INFO"], threading.current_thread().name))
+        return super().__call__(environ, start_response)
+
+
+@pytest.fixture
+def serve_named() -> Iterator[Serve]:
+    """``serve`` with the accept loop on a thread named ``serve-<port>``."""
+
+    def start(app: Any, **limits: Any) -> WSGIServer:
+        server = WSGIServer("127.0.0.1", 0, app, ServerLimits(**limits))
+        thread = threading.Thread(target=server.serve_forever, name=f"serve-{server.server_port}", daemon=True)
+        thread.start()
+        started.append(server)
+        return server
+
+    started: list[WSGIServer] = []
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def test_quick_answers_come_from_the_io_thread_and_the_rest_from_a_worker(serve_named: Serve) -> None:
+    app = InlineApp()
+    server = serve_named(app)
+    conn = Conn(server.server_port)
+    for _ in range(20):
+        conn.request("GET", "/health")
+        assert conn.response()[0] == 200
+        conn.request("POST", "/refuse", b"{}")
+        assert conn.response()[0] == 415
+    # a declined request is served by a worker with its whole body, on the same connection
+    conn.request("POST", "/echo", b"abcdef")
+    status, _, body = conn.response()
+    assert status == 200 and json.loads(body)["length"] == 6
+    conn.request("GET", "/health")
+    assert conn.response()[0] == 200
+    io_thread = f"serve-{server.server_port}"
+    assert len(app.inline) == 41 and {name for _, name in app.inline} == {io_thread}
+    assert app.threaded and all(name != io_thread for _, name in app.threaded)
+    assert [c.requests for c in server.connections()] == [42]
+    conn.close()
+
+
+def test_requests_pipelined_behind_a_quick_answer_are_all_answered_in_order(serve_named: Serve) -> None:
+    server = serve_named(InlineApp())
+    conn = Conn(server.server_port)
+    requests = b"".join(
+        [
+            b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n",
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nz",
+        ]
+    )
+    conn.send(requests)
+    answers = [conn.response() for _ in range(4)]
+    assert [a[0] for a in answers] == [200, 200, 415, 200]
+    assert json.loads(answers[1][2])["length"] == 3 and json.loads(answers[3][2])["length"] == 1
+    conn.close()
+
+
+def test_a_quick_answer_too_big_for_the_socket_is_finished_by_a_worker(serve_named: Serve) -> None:
+    app = InlineApp()
+    server = serve_named(app)
+    conn = Conn(server.server_port, rcvbuf=4096)
+    conn.request("GET", "/big")
+    # the client does not read yet: the I/O thread is not held, /health answers meanwhile
+    assert health_within(server.server_port, 2.0) < 1.0
+    status, _, body = conn.response()
+    assert status == 200 and body == InlineApp.BIG
+    conn.request("GET", "/health")  # and the connection is kept
+    assert conn.response()[0] == 200
+    conn.close()
+
+
+def test_a_failure_of_a_quick_answer_is_a_json_500_and_a_close(serve_named: Serve) -> None:
+    server = serve_named(InlineApp())
+    conn = Conn(server.server_port)
+    conn.request("GET", "/fail-inline")
+    status, headers, body = conn.response()
+    assert status == 500 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["code"] == "INTERNAL_ERROR"
+    assert conn.closed_by_server(within=3.0)
+    assert health_within(server.server_port, 2.0) < 1.0
+
+
+def test_quick_answers_keep_the_keep_alive_timeout(serve_named: Serve) -> None:
+    server = serve_named(InlineApp(), keepalive_timeout=0.5)
+    conn = Conn(server.server_port)
+    for _ in range(3):
+        conn.request("GET", "/health")
+        assert conn.response()[0] == 200
+        time.sleep(0.3)  # each request renews the 0.5 s: the connection stays (not a barrier)
+    conn.request("GET", "/health")
+    assert conn.response()[0] == 200
+    started = time.monotonic()
+    assert conn.closed_by_server(within=5.0)
+    assert 0.3 < time.monotonic() - started < 3.0
+    assert wait_for(lambda: not server.connections(), 2.0)
+
+
+def test_waiting_connections_hold_no_thread(serve: Serve) -> None:
+    server = serve(InlineApp())
+    before = threading.active_count()
+    conns = [Conn(server.server_port) for _ in range(60)]
+    for conn in conns[:30]:  # half of them made a request and wait for the next one
+        conn.request("GET", "/health")
+        assert conn.response()[0] == 200
+    assert wait_for(lambda: len(server.connections()) == 60, 5.0)
+    assert threading.active_count() - before < 10
+    for conn in conns:
+        conn.close()
+    assert wait_for(lambda: not server.connections(), 5.0)
+
+
+def test_deadlines_of_quick_answers_do_not_pile_up(serve: Serve) -> None:
+    server = serve(InlineApp(), keepalive_timeout=1e12)  # no deadline ever passes to clear them
+    conn = Conn(server.server_port)
+    for _ in range(500):
+        conn.request("GET", "/health")
+        assert conn.response()[0] == 200
+    assert len(server._deadlines) < 100  # one current deadline per waiting connection, plus a bounded rest
+    conn.close()
