@@ -104,7 +104,14 @@ def loads(text: str) -> dict[str, Any]:
         value = rest.strip(" ")
         if "\t" in (value if value[:1] not in ("'", '"') else rest[: len(rest) - len(rest.lstrip(" \t"))]):
             raise FlatYamlError(f"line {number}: tabs are not supported outside quoted values")
-        result[match.group()] = _scalar(value, number)
+        key = match.group()
+        try:
+            named = isinstance(_resolve(key), str)
+        except ValueError:
+            named = False
+        if not named:  # ``yes:``, ``1:``, ``null:``: YAML reads a bool, a number or null, not a name
+            raise FlatYamlError(f"line {number}: the key {key!r} is not a name (YAML reads it as a value)")
+        result[key] = _scalar(value, number)
     return result
 
 
