@@ -21,8 +21,10 @@ runtime dependencies. Its wire rules, with no I/O, are ``rules.py``; the socket 
 connection (timed reads and writes, ``wsgi.input``, the response writer) is
 ``connection.py``; one request (its head, the WSGI environ, the application's run, the
 server's own JSON answers) is ``exchange.py``; the worker threads are ``workers.py``, the
-waiting connections' deadlines ``deadlines.py``, the limits ``limits.py``; this module is the
-server: the I/O thread, the connections and their limits, and the shutdown API.
+waiting connections' deadlines ``deadlines.py``, the limits ``limits.py``; the listening
+socket (opening, accepting, refusing beyond the limit) is ``listener.py``, and the answer of a
+small request on the I/O thread ``inline.py``; this module is the server: the I/O thread, the
+connections and their limits, and the shutdown API.
 
 Threading model (waitress's, with one twist): one I/O thread (``serve_forever``) accepts
 connections and watches every one that waits for a request, new or kept alive, with one
@@ -59,15 +61,14 @@ Errors the server answers itself are JSON like the application's,
 
 from __future__ import annotations
 
-import errno
 import logging
 import selectors
 import socket
-import sys
 import threading
 import time
 from enum import Enum
 
+from agui_adapter.http import inline, listener
 from agui_adapter.http.connection import (
     RECV,
     Connection,
@@ -75,26 +76,20 @@ from agui_adapter.http.connection import (
     ConnState,
     PeerGone,
     Reader,
-    RequestBody,
-    Response,
 )
 from agui_adapter.http.deadlines import FOREVER, Deadlines
 from agui_adapter.http.exchange import Exchanges, InlineAnswer, WSGIApp
+from agui_adapter.http.inline import Step
 from agui_adapter.http.limits import ServerLimits
 from agui_adapter.http.rules import (
-    ProtocolError,
     error_response,
     http_date,
-    parse_request_head,
-    take_head,
 )
 from agui_adapter.http.workers import WorkerPool
 
 log = logging.getLogger("agui_adapter.http.server")
 
 
-INLINE_BODY_BYTES = 16 * 1024
-"""The largest request body answered on the I/O thread (a larger one goes to a worker)."""
 _LONGEST_WAIT = 3600.0  # one select() (a deadline years away is waited for an hour at a time)
 _KERNEL_REGISTRATION = tuple(
     getattr(selectors, name)
@@ -150,37 +145,12 @@ class WSGIServer:
         self._deadlines = Deadlines()
         self._next_wake = FOREVER  # the deadline the I/O thread sleeps until
         self._workers = WorkerPool(self._serve)
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            sock.listen(self.limits.backlog)
-        except OSError:
-            sock.close()
-            raise
-        self.socket = sock
+        self.socket = sock = listener.listen(host, port, self.limits.backlog)
         self.server_address = sock.getsockname()
         self.server_port = self.server_address[1]
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self._base_environ = {
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "http",
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": False,
-            "wsgi.run_once": False,
-            "wsgi.input_terminated": True,
-            "SERVER_SOFTWARE": server_software,
-            "SCRIPT_NAME": "",
-            "SERVER_NAME": str(self.server_address[0]),
-            "SERVER_PORT": str(self.server_port),
-        }
+        self._base_environ = listener.base_environ(self.server_address, self.server_port, server_software)
         self._busy = error_response(
             503,
             "SERVER_BUSY",
@@ -254,22 +224,10 @@ class WSGIServer:
             self._loop_done.set()
 
     def _accept(self) -> None:
-        try:
-            sock, peer = self.socket.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+        accepted = listener.accept(self.socket, lambda: self._accepting)
+        if accepted is None:
             return
-        except OSError as exc:
-            if not self._accepting:
-                return
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                log.warning("cannot accept a connection: %s", exc.strerror)
-                time.sleep(0.05)
-                return
-            raise
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
+        sock, peer = accepted
         limits = self.limits
         evict: Connection | None = None
         with self._lock:
@@ -291,7 +249,7 @@ class WSGIServer:
         if evict is not None:
             evict.abort()
         if slot is Slot.NONE:
-            self._refuse(sock)
+            listener.refuse(sock, self._busy)
             return
         timeout = min(limits.request_timeout, 10.0) if conn.reserve else limits.request_timeout
         with self._lock:
@@ -384,52 +342,19 @@ class WSGIServer:
 
     def _answer_inline(self, conn: Connection, reader: Reader, deadline: float) -> bool:
         """Answer a whole, small request on the I/O thread when the application can without
-        blocking (``answer_inline``); False when a worker must serve it (nothing is changed then)."""
-        limits = self.limits
-        buf = reader.buf
-        try:
-            head, rest = take_head(buf, limits.max_header_bytes)
-            if head is None:
-                return False
-            req = parse_request_head(head, limits.max_headers)
-        except ProtocolError:
-            return False  # a worker answers it (and lingers)
-        if req.chunked or req.expects_continue or (req.length or 0) > min(len(rest), INLINE_BODY_BYTES):
-            return False
+        blocking (``inline.py``); False when a worker must serve it (nothing is changed then)."""
         assert self._inline is not None
-        reader.buf = rest
-        conn.requests += 1
-        conn.path = req.path
-        conn.state = ConnState.ACTIVE
-        body = RequestBody(reader, deadline, req.body, None)
-        out: list[bytes] = []
-        response = Response(conn, req, body, limits.send_timeout, limits.drain_bytes, self._closing, out)
-        if not self._exchanges.run_app(conn, req, body, response, self._inline):  # the application needs a thread
-            reader.buf = buf
-            conn.requests -= 1
-            conn.state = ConnState.IDLE
+        step, pending = inline.answer(conn, reader, deadline, self.limits, self._exchanges, self._inline, self._closing)
+        if step is Step.WORKER:
             return False
-        data = b"".join(out)
-        keep = response.keep_alive and not conn.aborted
-        sent = 0
-        try:
-            sent = conn.sock.send(data) if data else 0
-        except BlockingIOError:
-            pass
-        except OSError:
-            self._unpark(conn)
+        if step is Step.KEEP:
+            self._renew(conn, time.monotonic() + self.limits.keepalive_timeout)
+            return True
+        self._unpark(conn)
+        if step is Step.HAND_OVER:  # the rest of the answer, the next request pipelined, or a lingering close
+            self._dispatch(conn, reader, time.monotonic() + self.limits.request_timeout, pending)
+        else:
             self._close(conn)
-            return True
-        if sent < len(data) or (keep and reader.buf) or (not keep and conn.linger):
-            # the rest of the answer, the next request pipelined, or a lingering close: a worker's
-            self._unpark(conn)
-            self._dispatch(conn, reader, time.monotonic() + limits.request_timeout, (data[sent:], keep))
-            return True
-        if not keep:
-            self._unpark(conn)
-            self._close(conn)
-            return True
-        self._renew(conn, time.monotonic() + limits.keepalive_timeout)
         return True
 
     # ------------------------------------------------------------------ workers
@@ -447,18 +372,6 @@ class WSGIServer:
         victim = min(idle, key=lambda c: c.opened)
         victim.aborted = True
         return victim
-
-    def _refuse(self, sock: socket.socket) -> None:
-        """Beyond the limit and the reserve: a 503 without reading the request, then close."""
-        try:
-            sock.setblocking(False)
-            sock.send(self._busy)
-            sock.shutdown(socket.SHUT_WR)
-            sock.recv(RECV)  # what already arrived, so that the close does not reset it
-        except OSError:
-            pass
-        finally:
-            sock.close()
 
     # ================================================================== shutdown API
     def stop_accepting(self) -> None:

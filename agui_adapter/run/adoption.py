@@ -190,7 +190,7 @@ class AdoptedDriver(RunDriver):
         reconciliation.gap_tool_calls, reconciliation.gap_tool_results = calls, results
 
     def _open_journal(self) -> None:
-        self._journal, self._claimed = self._claimed, None
+        self._journal.writer, self._claimed = self._claimed, None
 
     def grace_seconds(self) -> float:
         grace = self.services.settings.disconnect_grace_seconds

@@ -51,6 +51,11 @@ While the body is iterated or closed, ``RUN_IDS`` holds the run's thread and run
 every log line of the run (the machine's, the kernel pump's) carries them (``logs``), and
 the run's span (``tracing``, when on) is current, so that its kernel calls and state writes
 are its children; the span ends with the run.
+
+Jobs of the driver live beside it, each in a module of its own: the journal (``run_journal``),
+the store's and the kernel's side of the effects (``perform``), what the pump queued handed to
+the machine (``intake``), the server's word on a hung-up client (``client_watch``) and the run's
+summary line and span end (``run_summary``).
 """
 
 from __future__ import annotations
@@ -63,26 +68,21 @@ from queue import Empty
 from typing import Any
 
 from agui_adapter.kernel_client.a2a import FrameReader
-from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.ops.logs import RUN_IDS
 from agui_adapter.ops.tracing import NO_TRACE
 from agui_adapter.protocol import events as ev
-from agui_adapter.protocol.errors import Code
 from agui_adapter.protocol.events import Event
-from agui_adapter.protocol.timestamps import rfc3339
-from agui_adapter.run import detached
+from agui_adapter.run import detached, intake, perform, run_summary
 from agui_adapter.run import effects as fx
 from agui_adapter.run.admitted import Admission
+from agui_adapter.run.client_watch import ClientWatch
 from agui_adapter.run.detached import DETACHED_TICK_SECONDS
 from agui_adapter.run.lifecycle import RUNNING, STOPPING, Attach, Lifecycle
 from agui_adapter.run.loop import carry_out
 from agui_adapter.run.machine import RunMachine
-from agui_adapter.run.pump import Chunk, KernelByteStream, KernelPump, Rejected, StreamEnd, Unavailable
+from agui_adapter.run.pump import KernelByteStream, KernelPump
+from agui_adapter.run.run_journal import RunJournal
 from agui_adapter.run.services import RunServices
-from agui_adapter.run.translation import BUSY_STATES, inspect_frame
-from agui_adapter.state.journal import JournalWriter
-from agui_adapter.state.record import Mutation, RetireExecution, RunEnded, StaleExecution
-from agui_adapter.state.store import StoreError
 
 log = logging.getLogger("agui_adapter.run")
 
@@ -90,9 +90,6 @@ log = logging.getLogger("agui_adapter.run")
 #: detached, to see whether its grace period is over (heartbeats go every heartbeat_seconds).
 ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
-#: How many kernel frames the machine takes at once when a wake-up finds a backlog queued: the
-#: parsed frames of a whole backlog (thousands) alive at once cost the cyclic GC dearly.
-FRAMES_PER_STEP = 256
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
@@ -133,12 +130,9 @@ class RunDriver:
         self._duration: float | None = None
         self._summarized = False  # the run's summary line is logged once
         # reattach (``state.journal``): what was sent, who reads it, and the run without a reader
-        self._journal: JournalWriter | None = None
-        self._terminal_encoded = False
+        self._journal = RunJournal(self.run_id)  # ``run_journal``
         # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)
-        self._client_gone = client_gone
-        self._watch = client_gone  # kept for ``hung_up_now`` once the stream stopped asking
-        self._next_check = 0.0
+        self._client = ClientWatch(client_gone, self.run_id)  # ``client_watch``
         tick = WATCHED_TICK_SECONDS if client_gone is not None else ATTACHED_TICK_SECONDS
         self._tick = min(tick, services.settings.heartbeat_seconds)
 
@@ -152,7 +146,7 @@ class RunDriver:
         trace = self._trace.attach()
         try:
             while True:
-                if self._hung_up():
+                if self._client.hung_up(self._tick):
                     raise StopIteration  # the client left: ``close`` ends the run, or detaches it
                 chunk = next(self._body)
                 if chunk is not _IDLE:
@@ -181,7 +175,7 @@ class RunDriver:
         if self._life.state is Attach.ENDED:
             return
         token = RUN_IDS.set(self._ids)
-        self._watch = self._client_gone = None  # the connection may serve other requests now
+        self._client.stop()  # the connection may serve other requests now
         trace = self._trace.attach()
         try:
             if self._detachable() and self._life.move_if((Attach.ATTACHED,), Attach.DETACHED):
@@ -207,21 +201,12 @@ class RunDriver:
         try:
             if self._pump is not None:
                 self._pump.stop()
-            if self._journal is not None:
-                self._journal_end()
+            self._journal.end()
         finally:
             self.services.run_ended(self)
             if not self._summarized:  # abandoned: no final chunk was written
                 self._log_summary(self._bytes)
-            finish = self._finish
-            outcome = finish.outcome.value if finish is not None else "abandoned"
-            self._trace.end(
-                error=(finish.code or "error") if outcome == "error" and finish is not None else None,
-                outcome=outcome,
-                error_code=finish.code if finish is not None else None,
-                events_sent=self._events,
-                bytes_sent=self._bytes,
-            )
+            run_summary.end_trace(self._trace, self._finish, self._events, self._bytes)
 
     @property
     def client_attached(self) -> bool:
@@ -246,9 +231,7 @@ class RunDriver:
         if self._pump is not None:
             self._pump.stop()
         self._release()
-        journal, self._journal = self._journal, None
-        if journal is not None:
-            journal.hand_over(self._clock())
+        self._journal.hand_over(self._clock())
         log.info("run %s: handed over; it goes on in the kernel, and the next adapter process adopts it", self.run_id)
 
     # ------------------------------------------------------------------ the stream
@@ -277,7 +260,9 @@ class RunDriver:
                 yield ev.HEARTBEAT
                 continue
             out = []
-            yield from self._take(items, out)
+            yield from intake.take(
+                self.machine, lambda: self._reader, items, out, self._clock(), self._carry_out, self._encode
+            )
             if out:
                 last_write = time.monotonic()
                 yield self._encode(out)
@@ -295,7 +280,7 @@ class RunDriver:
     def _stop(self, state: Attach) -> Iterator[bytes]:
         """The run was told to stop: left to the kernel (a hand-over, once the run has a task
         and a journal to adopt it from), else ended with its final events."""
-        if state is Attach.HANDING_OVER and self._journal is not None and self.machine.task_id:
+        if state is Attach.HANDING_OVER and self._journal.writer is not None and self.machine.task_id:
             self._leave_to_kernel()
             return
         now = self._clock()
@@ -303,59 +288,6 @@ class RunDriver:
         out: list[Event] = []
         yield from self._carry_out(effects, out)
         yield self._encode(out)
-
-    def _take(self, items: list[Any], out: list[Event]) -> Iterator[bytes]:
-        """What the pump queued in one wake-up: the bytes are decoded together and the machine
-        takes all their frames at once; anything else queued is handled in its place."""
-        machine = self.machine
-        now = self._clock()
-        frames: list[Any] = []
-        for item in items:
-            match item:
-                case Chunk(data=data):
-                    frames += self._reader.feed(data)
-                    if len(frames) < FRAMES_PER_STEP:
-                        continue
-                    # a long backlog is taken a step at a time: its frames and events are freed as they go
-                    yield from self._carry_out(machine.frames(frames, now), out)
-                    frames = []
-                    if machine.ended:
-                        return
-                    if out:
-                        yield self._encode(out)
-                        out.clear()
-                    continue
-                case StreamEnd():
-                    frames += self._reader.close()
-            if frames:
-                yield from self._carry_out(machine.frames(frames, now), out)
-                frames = []
-                if machine.ended:
-                    return
-            effects = self._on_item(item, now)
-            if effects is None:
-                continue
-            yield from self._carry_out(effects, out)
-            if machine.ended:
-                return
-        if frames:
-            effects = machine.frames(frames, now)
-            if len(effects) == 1 and type(effects[0]) is fx.Emit:  # the common case: events only
-                out.extend(effects[0].events)  # type: ignore[union-attr]
-            else:
-                yield from self._carry_out(effects, out)
-
-    def _on_item(self, item: Any, now: float) -> list[fx.Effect] | None:
-        """What the machine makes of a queued item other than bytes (None: a wake-up only)."""
-        match item:
-            case StreamEnd():
-                return self.machine.stream_ended(now)
-            case Rejected(error=error):
-                return self.machine.kernel_rejected(error, now)
-            case Unavailable(error=error):
-                return self.machine.kernel_unavailable(str(error), now)
-            case _:  # Wake
-                return None
 
     def _carry_out(self, effects: list[fx.Effect], out: list[Event]) -> Iterator[bytes]:
         """Perform effects in order (``run.loop``); events go to ``out`` (written by the caller),
@@ -374,7 +306,7 @@ class RunDriver:
         self._unsent = count if to_client else 0
         chunk = ev.encode_many(out, before + 1)
         if out and out[-1]["type"] in _TERMINAL:
-            self._terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
+            self._journal.terminal_encoded = True  # the journal ends with this chunk (``_journal_chunk``)
         if self._finish is not None:  # the final events: sum the run up before the client sees its end
             self._log_summary(self._bytes + len(chunk))
         return chunk
@@ -390,76 +322,16 @@ class RunDriver:
 
     # ------------------------------------------------------------------ the journal (reattach)
     def _open_journal(self) -> None:
-        props = self.machine.run_input.props
-        meta = {  # what a process adopting the run needs (``adoption``); never a secret
-            "threadId": self.thread_id,
-            "runId": self.run_id,
-            "parentRunId": self.machine.run_input.parent_run_id,
-            "mode": self.machine.mode.value,
-            "language": self.machine.language,
-            "rosInvocationId": props.ros_invocation_id,
-            "preferredLanguage": props.preferred_language,
-            "runMode": props.run_mode,
-            "pipelineName": props.pipeline_name,
-        }
-        try:
-            self._journal = self.services.journals.open_writer(self.thread_id, self.run_id, meta)
-        except OSError as exc:
-            log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
+        self._journal.open(self.services.journals, self.thread_id, self.machine)
 
     def _journal_chunk(self, chunk: bytes) -> None:
-        journal = self._journal
-        if journal is None:
-            return
-        try:
-            journal.append(chunk, self._events + 1)
-        except OSError as exc:
-            log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
-            self._journal = None
-            journal.close()
-            return
-        if self._terminal_encoded:  # ended with the terminal event: a reader that has it gets 204 at once
-            self._journal_end()
-        elif self.machine.translator.pipeline_seen:  # for an adopter: what the kernel's journal delivered
-            try:
-                journal.note_pipeline(self.machine.translator.pipeline.to_json())
-            except OSError as exc:
-                log.warning("run %s: could not note the pipeline's progress: %s", self.run_id, exc)
-
-    def _journal_end(self) -> None:
-        journal, self._journal = self._journal, None
-        if journal is not None:
-            try:
-                journal.end()
-            except OSError as exc:
-                log.warning("run %s: could not end its journal: %s", self.run_id, exc)
-
-    def _hung_up(self) -> bool:
-        """Whether the server says the client hung up (asked once a tick at most)."""
-        client_gone = self._client_gone
-        if client_gone is None:
-            return False
-        now = time.monotonic()
-        if now < self._next_check:
-            return False
-        self._next_check = now + self._tick
-        if not client_gone():
-            return False
-        self._client_gone = None
-        log.info("run %s: the client hung up", self.run_id)
-        return True
+        self._journal.append(chunk, self._events + 1, self.machine.translator)
 
     def _detachable(self) -> bool:
         """Whether the run goes on without its own client (which leaves the readers here)."""
-        if self._life.state is not Attach.ATTACHED or self.machine.ended or not self._journal:
+        if self._life.state is not Attach.ATTACHED or self.machine.ended or not self._journal.writer:
             return False
-        grace = self.services.settings.disconnect_grace_seconds
-        try:
-            self._journal.client_left()
-            return grace > 0 or self._journal.readers() > 0
-        except OSError as exc:
-            log.warning("run %s: journal readers: %s", self.run_id, exc)
-            return grace > 0
+        return self._journal.client_left(self.services.settings.disconnect_grace_seconds)
 
     def _detach(self) -> None:
         """The run goes on without its client, on a thread of its own, into its journal."""
@@ -496,11 +368,7 @@ class RunDriver:
         return self._life.state is Attach.DETACHED and not self.machine.ended
 
     def followed(self) -> bool:
-        journal = self._journal
-        try:
-            return journal is not None and journal.readers() > 0
-        except OSError:
-            return False
+        return self._journal.followed()
 
     def abandon(self) -> None:
         if self._life.move_if((Attach.DETACHED,), Attach.ABANDONED) and self._pump is not None:
@@ -519,26 +387,26 @@ class RunDriver:
         kernel = self.kernel
         match effect:
             case fx.Persist():
-                return self._persist(effect)
+                return perform.persist(self.services, self.thread_id, self.run_id, effect)
             case fx.SendStreaming(message=message):
                 self._open(lambda: kernel.send_streaming_message(message))
             case fx.Follow(task_id=task_id):
                 self._open(lambda: kernel.follow(task_id))
             case fx.RestoreSession(cwd=cwd, session_id=session_id, task_id=task_id):
-                return self._ask(lambda: kernel.ensure_restored(cwd, session_id, task_id))
+                return perform.ask(lambda: kernel.ensure_restored(cwd, session_id, task_id))
             case fx.GetTask(task_id=task_id):
-                return self._ask(lambda: (200, kernel.get_task(task_id)))
+                return perform.ask(lambda: (200, kernel.get_task(task_id)))
             case fx.FetchPipelineState(params=params):
-                return self._ask(lambda: kernel.pipeline_state(params))
+                return perform.ask(lambda: kernel.pipeline_state(params))
             case fx.SendMessage(message=message):
-                return self._ask(lambda: (200, kernel.send_message(message)))
+                return perform.ask(lambda: (200, kernel.send_message(message)))
             case fx.StopTask(task_id=task_id):
-                return self._ask(lambda: (200, self._stop_task(task_id)))
+                return perform.ask(lambda: (200, perform.stop_task(self.services, kernel, task_id)))
             case fx.CancelTask(task_id=task_id):
                 self.services.cancel_task_quietly(task_id)
             case fx.CancelWhenKnown(execution_id=execution_id):
                 if self._pump is not None:
-                    self._pump.cancel_when_known(self._retire_later(execution_id))
+                    self._pump.cancel_when_known(perform.retire_later(self.services, self.thread_id, execution_id))
             case fx.StopStream():
                 if self._pump is not None:
                     self._pump.stop()
@@ -552,78 +420,14 @@ class RunDriver:
         self._finish = finish
         self._duration = time.monotonic() - self._admitted
         self._metrics.run_finished(finish.outcome.value, finish.code, self._duration, self._mode, self._first_event)
-        self._record_end(finish)
-
-    def _record_end(self, finish: fx.Finish) -> None:
-        """The run's outcome in the thread's recent runs (``GET /threads/{threadId}``), written
-        before its final events reach the client; a run whose client left ends ``CANCELLED``."""
-        outcome, code = finish.outcome.value, finish.code
-        if finish.outcome is fx.Outcome.ABANDONED:
-            outcome, code = fx.Outcome.ERROR.value, code or Code.CANCELLED
-        tool_calls: tuple[str, ...] = ()
-        if finish.outcome is fx.Outcome.INTERRUPT:
-            pending = self.machine.record.execution.pending.values()
-            tool_calls = tuple(str(p.interrupt.get("toolCallId")) for p in pending if p.interrupt.get("toolCallId"))
-        ended = RunEnded(self.run_id, outcome, rfc3339(self._clock()), code, self.machine.task_id, tool_calls)
-        self._persist(fx.Persist(ended))
+        ended = perform.run_ended(finish, self.machine, self.run_id, self._clock())
+        perform.persist(self.services, self.thread_id, self.run_id, ended)
 
     def _log_summary(self, sent: int) -> None:
-        """The run's one summary line (its fields also as structured extras for JSON logs);
-        ``sent``: the bytes of the whole stream, its final chunk included."""
+        """The run's one summary line (``run_summary``); ``sent``: the bytes of the whole stream."""
         self._summarized = True
-        finish = self._finish
-        outcome = finish.outcome.value if finish is not None else "abandoned"
-        code = finish.code if finish is not None else None
         duration = self._duration if self._duration is not None else time.monotonic() - self._admitted
-        log.info(
-            "run %s on thread %s: %s, %d events, %d bytes, %.3f s",
-            self.run_id,
-            self.thread_id,
-            code or outcome,
-            self._events,
-            sent,
-            duration,
-            extra={
-                "outcome": outcome,
-                "error_code": code,
-                "events_sent": self._events,
-                "bytes_sent": sent,
-                "duration_seconds": round(duration, 6),
-            },
-        )
-
-    def _persist(self, effect: fx.Persist) -> fx.Reply | None:
-        try:
-            record = self.services.store.update(self.thread_id, effect.mutation)
-            if record is None:
-                raise StoreError("the thread state disappeared")
-        except (StoreError, StaleExecution) as exc:
-            reason = str(exc) if isinstance(exc, StoreError) else "the execution ended while the run was live"
-            if effect.required:
-                return fx.Failed(reason)
-            log.warning("run %s: could not record %s: %s", self.run_id, type(effect.mutation).__name__, reason)
-            return None
-        return fx.Persisted(record) if effect.required else None
-
-    def _ask(self, call: Callable[[], tuple[int, object]]) -> fx.Reply:
-        try:
-            status, body = call()
-        except KernelRejected as exc:
-            return fx.KernelRefused(exc)
-        except KernelUnavailable as exc:
-            return fx.Failed(str(exc))
-        return fx.KernelAnswer(status, body)
-
-    def _stop_task(self, task_id: str) -> object:
-        """Cancel a task and wait until the kernel reports it no longer working (ended, or
-        waiting for input, which does not block a new turn); its last snapshot."""
-        self.services.cancel_task_quietly(task_id)
-        deadline = time.monotonic() + self.services.settings.stale_task_timeout_seconds
-        while True:
-            task = self.kernel.get_task(task_id)
-            if inspect_frame({"result": task}).state not in BUSY_STATES or time.monotonic() >= deadline:
-                return task
-            time.sleep(0.1)
+        run_summary.log_line(self.run_id, self.thread_id, self._finish, self._events, sent, duration)
 
     def _open(self, open_stream: Callable[[], KernelByteStream]) -> None:
         if self._pump is not None:
@@ -633,20 +437,6 @@ class RunDriver:
         self._pump.start()
         if self._life.state in STOPPING:
             self._pump.wake()
-
-    def _retire_later(self, execution_id: str) -> Callable[[str], None]:
-        """For an abandoned stream whose task id only the reader will learn."""
-        services, thread_id = self.services, self.thread_id
-
-        def cancel_and_retire(task_id: str) -> None:
-            services.cancel_task_quietly(task_id)
-            mutation: Mutation = RetireExecution(execution_id, task_id=task_id)
-            try:
-                services.store.update(thread_id, mutation)
-            except StoreError as exc:
-                log.warning("thread %s: could not retire an abandoned execution: %s", thread_id, exc)
-
-        return cancel_and_retire
 
     def settling(self) -> bool:
         """Whether the run was adopted and has not heard from the kernel yet (``adoption``), or
@@ -661,8 +451,7 @@ class RunDriver:
     def hung_up_now(self) -> bool:
         """From another thread: whether this run's client hung up (the server's word, when it
         offers one); if so the run is woken to end as on a disconnect."""
-        watch = self._watch
-        if watch is None or self.machine.ended or not watch():
+        if self.machine.ended or not self._client.gone_now():
             return False
         pump = self._pump
         if pump is not None:

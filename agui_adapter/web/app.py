@@ -2,7 +2,7 @@
 
 A plain WSGI application on Werkzeug's routing and request helpers, nothing more.
 Checks on ``POST /`` run in a fixed order (auth, content type, Accept, size, JSON,
-envelope, admission) and every failure before the stream is the JSON shape
+envelope, admission; the first five are ``request_checks``) and every failure before the stream is the JSON shape
 ``{"error": {"code", "message"}}`` in the request's language. The SSE response is the
 run's generator, returned as the WSGI iterable itself so that servers call its
 ``close()`` when the client goes away.
@@ -35,7 +35,6 @@ counted), which the server then runs on a thread of its own through ``__call__``
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
@@ -48,11 +47,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
 
-from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
-from werkzeug.http import parse_accept_header
 from werkzeug.routing import Map, Rule
-from werkzeug.wsgi import get_input_stream
 
 from agui_adapter import PROTOCOL_VERSION, __version__
 from agui_adapter.http.connection import CLIENT_GONE_KEY
@@ -76,6 +72,7 @@ from agui_adapter.run.engine import Admission, RunEngine
 from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.state.journal import JournalReader, ReplayUnavailable, follow
 from agui_adapter.web import client_modules, console_page
+from agui_adapter.web import request_checks as checks
 from agui_adapter.web.access_log import IDS_KEY, Exchange, ResponseBody
 from agui_adapter.web.thread_resource import ThreadViews, check_path_header
 
@@ -83,7 +80,6 @@ log = logging.getLogger("agui_adapter.web.app")
 
 MAX_RUN_BODY = 12 * 1024 * 1024
 MAX_CANCEL_BODY = 64 * 1024
-_READ_CHUNK = 64 * 1024
 
 StartResponse = Callable[..., Any]
 #: The matched endpoint's name, kept in the environ for the HTTP requests metric (never the raw path).
@@ -222,8 +218,6 @@ FIXED_ROUTES = {
     ("/metrics", "GET"): "metrics",
     **{(path, "GET"): "client_module" for path in client_modules.MODULES},
 }
-#: ``Accept`` values that obviously take the stream (parsing them would say the same).
-_STREAM_ACCEPTED = frozenset(("text/event-stream", "*/*", "text/event-stream, */*"))
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
 #: The route of each endpoint as a span names it (never the raw path).
 ROUTE_TEMPLATES = {
@@ -456,79 +450,6 @@ class AguiApp:
             extra = (extra or []) + [("Retry-After", str(err.params["retryAfter"]))]
         return json_response(start_response, err.status, {"error": {"code": err.code, "message": message}}, extra)
 
-    def _check_auth(self, environ: dict[str, Any]) -> None:
-        if not self._auth_token:
-            return
-        header = environ.get("HTTP_AUTHORIZATION", "")
-        scheme, _, token = header.partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.encode("utf-8"), self._auth_token)
-        if not ok:
-            raise AguiError(Code.UNAUTHORIZED, msg.UNAUTHORIZED)
-
-    @staticmethod
-    def _check_content_type(environ: dict[str, Any]) -> None:
-        content_type = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            raise AguiError(Code.UNSUPPORTED_MEDIA_TYPE, msg.UNSUPPORTED_MEDIA_TYPE)
-
-    @staticmethod
-    def _check_accept(environ: dict[str, Any]) -> None:
-        accept = environ.get("HTTP_ACCEPT", "").strip()
-        if not accept or accept in _STREAM_ACCEPTED:
-            return
-        # Werkzeug drops items whose q is not a number in [0, 1] (inf, nan, 2) and lets the
-        # most specific range decide: "text/event-stream;q=0, */*" refuses the stream.
-        ranges = parse_accept_header(accept, MIMEAccept)
-        if ranges.best_match(("text/event-stream",)) is not None:
-            return
-        # Werkzeug matches media type parameters exactly: "text/event-stream; charset=utf-8"
-        # names the stream too.
-        for item, q in ranges:
-            if q > 0 and item.partition(";")[0].strip().lower() == "text/event-stream":
-                return
-        raise AguiError(Code.NOT_ACCEPTABLE, msg.NOT_ACCEPTABLE)
-
-    @staticmethod
-    def _read_body(environ: dict[str, Any], limit: int, too_large: str) -> bytes:
-        length = environ.get("CONTENT_LENGTH", "")
-        if length:
-            try:
-                declared = int(length)
-            except ValueError:
-                declared = -1
-            if declared > limit:
-                raise AguiError(Code.REQUEST_TOO_LARGE, too_large, {"limit": limit})
-        if environ.get("wsgi.input_terminated"):  # what get_input_stream would answer, cheaper
-            stream = environ["wsgi.input"]
-        else:
-            stream = get_input_stream(environ, safe_fallback=False, max_content_length=None)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            try:
-                chunk = stream.read(_READ_CHUNK)
-            except (HTTPException, OSError, ValueError):
-                # The client went away mid-body, or sent a bad chunk header: whatever
-                # arrived is not a whole JSON document.
-                log.info("request body incomplete or malformed")
-                raise AguiError(Code.INVALID_JSON, msg.INVALID_JSON) from None
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise AguiError(Code.REQUEST_TOO_LARGE, too_large, {"limit": limit})
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    @staticmethod
-    def _parse_json(body: bytes, invalid: str) -> Any:
-        try:
-            # strict UTF-8 first: json.loads(bytes) would let encoded surrogates through
-            payload = json.loads(body.decode("utf-8"))
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise AguiError(Code.INVALID_JSON, invalid) from None
-        return payload
-
     # ------------------------------------------------------------------ endpoints
     def health(self, start_response: StartResponse) -> list[bytes]:
         return json_response(
@@ -556,7 +477,7 @@ class AguiApp:
 
     def metrics(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """Prometheus text exposition (``metrics.py``); the bearer token is required when one is set."""
-        self._check_auth(environ)
+        checks.check_auth(environ, self._auth_token)
         body = self.engine.metrics.render()
         headers = [("Content-Type", METRICS_CONTENT_TYPE), ("Cache-Control", "no-store")]
         start_response("200 OK", headers + [("Content-Length", str(len(body)))])
@@ -584,11 +505,11 @@ class AguiApp:
         return [body]
 
     def run(self, environ: dict[str, Any], start_response: StartResponse, language: str) -> Iterable[bytes]:
-        self._check_auth(environ)
-        self._check_content_type(environ)
-        self._check_accept(environ)
-        body = self._read_body(environ, MAX_RUN_BODY, msg.BODY_TOO_LARGE)
-        payload = self._parse_json(body, msg.INVALID_JSON)
+        checks.check_auth(environ, self._auth_token)
+        checks.check_content_type(environ)
+        checks.check_accept(environ)
+        body = checks.read_body(environ, MAX_RUN_BODY, msg.BODY_TOO_LARGE)
+        payload = checks.parse_json(body, msg.INVALID_JSON)
         hint = preferred_language_hint(payload)
         if hint is not None:  # without one, the language is the one negotiated already
             language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
@@ -644,8 +565,8 @@ class AguiApp:
         any number of readers at once. 204 when the reader already has all of an ended run
         (what stops a browser's ``EventSource`` from reconnecting)."""
         self._known_ids(environ, thread_id, run_id)
-        self._check_auth(environ)
-        self._check_accept(environ)
+        checks.check_auth(environ, self._auth_token)
+        checks.check_accept(environ)
         after = last_event_id(environ) or 0
         reader = self.engine.reattach(thread_id, run_id, after, attach=False)
         assert reader is not None
@@ -672,7 +593,7 @@ class AguiApp:
         self, environ: dict[str, Any], start_response: StartResponse, endpoint: str, thread_id: str
     ) -> list[bytes]:
         """``GET /threads/{threadId}`` and ``GET /threads/{threadId}/messages`` (``threads``)."""
-        self._check_auth(environ)
+        checks.check_auth(environ, self._auth_token)
         check_path_header(environ.get("HTTP_X_AGUI_THREAD_ID"), thread_id)
         if endpoint == "thread":
             self.engine.adoption.thread(thread_id)  # a run of it whose process went: adopted, shown live
@@ -715,10 +636,10 @@ class AguiApp:
     def cancel(
         self, environ: dict[str, Any], start_response: StartResponse, language: str, execution_id: str
     ) -> Iterable[bytes]:
-        self._check_auth(environ)
-        self._check_content_type(environ)
-        body = self._read_body(environ, MAX_CANCEL_BODY, msg.CANCEL_BODY_TOO_LARGE)
-        payload = self._parse_json(body, msg.CANCEL_INVALID_JSON)
+        checks.check_auth(environ, self._auth_token)
+        checks.check_content_type(environ)
+        body = checks.read_body(environ, MAX_CANCEL_BODY, msg.CANCEL_BODY_TOO_LARGE)
+        payload = checks.parse_json(body, msg.CANCEL_INVALID_JSON)
         check_json_text(payload, body)
         if not isinstance(payload, dict):
             raise AguiError(Code.INVALID_INPUT, msg.CANCEL_NOT_AN_OBJECT)

@@ -1,7 +1,7 @@
 """The HTTP edge's shortcuts answer what the general code would.
 
 ``web.FIXED_ROUTES`` skips binding the Werkzeug ``Map`` for the fixed routes and
-``_STREAM_ACCEPTED`` skips parsing the most common ``Accept`` values: both must give the
+``request_checks.STREAM_ACCEPTED`` skips parsing the most common ``Accept`` values: both must give the
 answer of the code they shortcut, or the shortcut changes behaviour.
 """
 
@@ -12,6 +12,7 @@ from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 
 from agui_adapter.web import app as web
+from agui_adapter.web import request_checks as checks
 
 
 @pytest.mark.parametrize(("route", "endpoint"), sorted(web.FIXED_ROUTES.items()))
@@ -30,7 +31,7 @@ def test_fixed_routes_are_the_map_s_answer(route: tuple[str, str], endpoint: str
     assert web.URLS.bind_to_environ(environ).match() == (endpoint, {})
 
 
-@pytest.mark.parametrize("accept", sorted(web._STREAM_ACCEPTED))
+@pytest.mark.parametrize("accept", sorted(checks.STREAM_ACCEPTED))
 def test_accept_shortcuts_are_what_parsing_says(accept: str) -> None:
     assert parse_accept_header(accept, MIMEAccept).best_match(("text/event-stream",)) == "text/event-stream"
 

@@ -1,0 +1,96 @@
+"""One live run's journal, as its driver keeps it (``run.driver``).
+
+Moved out of ``RunDriver`` so the driver keeps to the stream: the journal is opened with what a
+process adopting the run needs (never a secret), every written chunk is appended under its first
+event id, the journal ends with the chunk holding the terminal event, the pipeline's progress is
+noted for an adopter, and a journal whose disk fails is dropped (the run goes on, it just cannot
+be reattached any more). At a hand-over the journal is let go marked handed over (``adoption``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agui_adapter.state.journal import JournalStore, JournalWriter
+
+log = logging.getLogger("agui_adapter.run")
+
+
+class RunJournal:
+    """The journal of one run (``writer`` is None when there is none, or none any more)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.writer: JournalWriter | None = None
+        self.terminal_encoded = False  # the chunk with the terminal event was encoded: the journal ends with it
+
+    def open(self, journals: JournalStore, thread_id: str, machine: Any) -> None:
+        props = machine.run_input.props
+        meta = {  # what a process adopting the run needs (``adoption``); never a secret
+            "threadId": thread_id,
+            "runId": self.run_id,
+            "parentRunId": machine.run_input.parent_run_id,
+            "mode": machine.mode.value,
+            "language": machine.language,
+            "rosInvocationId": props.ros_invocation_id,
+            "preferredLanguage": props.preferred_language,
+            "runMode": props.run_mode,
+            "pipelineName": props.pipeline_name,
+        }
+        try:
+            self.writer = journals.open_writer(thread_id, self.run_id, meta)
+        except OSError as exc:
+            log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
+
+    def append(self, chunk: bytes, first_id: int, translator: Any) -> None:
+        """A chunk the run wrote, its first event numbered ``first_id``."""
+        journal = self.writer
+        if journal is None:
+            return
+        try:
+            journal.append(chunk, first_id)
+        except OSError as exc:
+            log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
+            self.writer = None
+            journal.close()
+            return
+        if self.terminal_encoded:  # ended with the terminal event: a reader that has it gets 204 at once
+            self.end()
+        elif translator.pipeline_seen:  # for an adopter: what the kernel's journal delivered
+            try:
+                journal.note_pipeline(translator.pipeline.to_json())
+            except OSError as exc:
+                log.warning("run %s: could not note the pipeline's progress: %s", self.run_id, exc)
+
+    def end(self) -> None:
+        journal, self.writer = self.writer, None
+        if journal is not None:
+            try:
+                journal.end()
+            except OSError as exc:
+                log.warning("run %s: could not end its journal: %s", self.run_id, exc)
+
+    def hand_over(self, now: float) -> None:
+        """Let the journal go, marked handed over (no end), for the next process to adopt."""
+        journal, self.writer = self.writer, None
+        if journal is not None:
+            journal.hand_over(now)
+
+    def client_left(self, grace: float) -> bool:
+        """The run's own client left: whether the run goes on (a grace period, or other readers)."""
+        assert self.writer is not None
+        try:
+            self.writer.client_left()
+            return grace > 0 or self.writer.readers() > 0
+        except OSError as exc:
+            log.warning("run %s: journal readers: %s", self.run_id, exc)
+            return grace > 0
+
+    def followed(self) -> bool:
+        """Whether readers follow the run now."""
+        journal = self.writer
+        try:
+            return journal is not None and journal.readers() > 0
+        except OSError:
+            return False
