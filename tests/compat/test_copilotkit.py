@@ -35,7 +35,7 @@ from tests.support.flow import kernel_calls, wait_for
 
 pytestmark = pytest.mark.copilotkit
 
-CLIENT_MODULE = ROOT / "agui_adapter" / "console" / "agui-adapter-client.mjs"
+CLIENT_MODULE = ROOT / "agui_adapter" / "web" / "console" / "agui-adapter-client.mjs"
 
 
 class Stack:
@@ -216,8 +216,7 @@ def test_stop_with_the_adapter_agent_frees_the_thread_at_once(
     """With the adapter's client module (``AGUI_ADAPTER_CLIENT_MODULE``), Stop also calls the
     cancel extension: the thread is free at once, whatever the server notices of the hang-up
     (heartbeats every 60 s here)."""
-    if not CLIENT_MODULE.is_file():
-        pytest.skip(f"{CLIENT_MODULE.name} is not in this checkout")
+    assert CLIENT_MODULE.is_file(), CLIENT_MODULE  # shipped with the package: never skipped
     stack = stack_factory("--heartbeat-seconds", "60", runtime_env={"AGUI_ADAPTER_CLIENT_MODULE": str(CLIENT_MODULE)})
     cancelled, free = stop_and_turn_again(stack, scripted_kernel, "ck-stop-agent")
     print(f"Stop (adapter agent) -> kernel CancelTask {cancelled:.2f} s, thread free {free:.2f} s")
@@ -265,8 +264,7 @@ def test_the_adapter_agent_reconnects_behind_the_runtime(stack_factory: Callable
     """With the adapter's client module and a disconnect grace period, a connection between the
     runtime and the adapter that drops mid-run is resumed with Last-Event-ID: the front end sees
     one whole run (the recipe README's "Reattach and Stop")."""
-    if not CLIENT_MODULE.is_file():
-        pytest.skip(f"{CLIENT_MODULE.name} is not in this checkout")
+    assert CLIENT_MODULE.is_file(), CLIENT_MODULE  # shipped with the package: never skipped
     from urllib.parse import urlsplit
 
     from tests.support.cutting_proxy import CuttingProxy  # shipped with the client module
