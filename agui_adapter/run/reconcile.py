@@ -30,6 +30,7 @@ from agui_adapter.run.translation import (
     RunTranslator,
     compact_json,
     mint_id,
+    nonempty_str,
     normalize_numbers,
     normalize_state,
 )
@@ -77,10 +78,6 @@ def gap_tool_calls(
         and (namespace is not None or m.get("toolCallId") in called)
     ]
     return calls, results
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 class Reconciliation:
@@ -202,7 +199,7 @@ class Reconciliation:
                 continue
             parts = message.get("parts")
             text = "".join(p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
-            message_id = _str(message.get("messageId")) or "assistant"
+            message_id = nonempty_str(message.get("messageId")) or "assistant"
             if text:
                 texts.append((message_id, text))
         whole: dict[str, str] = {}

@@ -71,7 +71,8 @@ def normalize_state(raw: Any) -> str | None:
     return state
 
 
-def _str(value: Any) -> str | None:
+def nonempty_str(value: Any) -> str | None:
+    """``value`` when it is a non-empty string, else None."""
     return value if isinstance(value, str) and value else None
 
 
@@ -138,16 +139,16 @@ def _session_id(iac: dict[str, Any]) -> str | None:
     sid = iac.get("iacCodeSessionId")
     if type(sid) is str and sid:
         return sid
-    sid = _str(sid)
+    sid = nonempty_str(sid)
     if sid:
         return sid
     pipeline = iac.get("pipeline")
-    if isinstance(pipeline, dict) and _str(pipeline.get("iacCodeSessionId")):
+    if isinstance(pipeline, dict) and nonempty_str(pipeline.get("iacCodeSessionId")):
         return pipeline["iacCodeSessionId"]
     batch = iac.get("pipelineBatch")
     if isinstance(batch, dict) and isinstance(batch.get("events"), list):
         for envelope in batch["events"]:
-            if isinstance(envelope, dict) and _str(envelope.get("iacCodeSessionId")):
+            if isinstance(envelope, dict) and nonempty_str(envelope.get("iacCodeSessionId")):
                 return envelope["iacCodeSessionId"]
     return None
 
@@ -167,7 +168,7 @@ def required_inputs(iac: dict[str, Any]) -> list[dict[str, Any]]:
     for item in candidates:
         if not isinstance(item, dict) or item.get("required") is not True:
             continue
-        key = _str(item.get("inputId")) or json.dumps(item, sort_keys=True)
+        key = nonempty_str(item.get("inputId")) or json.dumps(item, sort_keys=True)
         if key not in seen:
             seen.add(key)
             out.append(item)
@@ -190,7 +191,7 @@ def status_text(body: dict[str, Any]) -> tuple[str | None, str]:
         text = text if isinstance(text, str) else ""
     else:
         text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return _str(message.get("messageId")), text
+    return nonempty_str(message.get("messageId")), text
 
 
 def compact_json(value: Any) -> str:
@@ -362,10 +363,10 @@ class RunTranslator:
 
     def _map_tool(self, tool: dict[str, Any], ts: int, out: list[Event]) -> None:
         status = tool.get("status")
-        tool_id = _str(tool.get("toolUseId"))
+        tool_id = nonempty_str(tool.get("toolUseId"))
         if tool_id is None:
             return
-        name = _str(tool.get("name")) or "tool"
+        name = nonempty_str(tool.get("name")) or "tool"
         if status in ("started", "input_complete"):
             if tool_id not in self._started_tools:
                 self._started_tools.add(tool_id)

@@ -513,9 +513,8 @@ def pipeline_events(*runs: RunResult) -> list[dict[str, Any]]:
     return [c["value"] for r in runs for c in r.of("CUSTOM") if c["name"] == PIPELINE]
 
 
-def select_candidate(body: Mapping[str, Any], selection: Mapping[str, Any], selected: str = "1") -> dict[str, Any]:
-    """The Resume of a ``selling`` pipeline run (``body``) that picks candidate ``selected`` at
-    its ``candidate_selection`` interrupt."""
+def pipeline_answer(body: Mapping[str, Any], interrupt: Mapping[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """The Resume run of ``body``'s ``selling`` pipeline answering ``interrupt`` with ``payload``."""
     props = body["forwardedProps"]["iacCode"]
     return run_body(
         None,
@@ -525,8 +524,14 @@ def select_candidate(body: Mapping[str, Any], selection: Mapping[str, Any], sele
         runMode="pipeline",
         pipelineName="selling",
         candidatePresentation="rich",
-        resume=[{"interruptId": selection["id"], "status": "resolved", "payload": {"selectedId": selected}}],
+        resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}],
     )
+
+
+def select_candidate(body: Mapping[str, Any], selection: Mapping[str, Any], selected: str = "1") -> dict[str, Any]:
+    """The Resume of a ``selling`` pipeline run (``body``) that picks candidate ``selected`` at
+    its ``candidate_selection`` interrupt."""
+    return pipeline_answer(body, selection, {"selectedId": selected})
 
 
 def only_interrupt(result: RunResult) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from .harness import (
     llm_log,
     official_check,
     only_interrupt,
+    pipeline_answer,
     pipeline_events,
     step_names,
     thread_id,
@@ -56,21 +57,6 @@ def sell_body(text: str, ws: Path, **props: Any) -> dict[str, Any]:
     )
 
 
-def answer(body: dict[str, Any], interrupt: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    """The Resume run of ``body``'s pipeline answering ``interrupt`` with ``payload``."""
-    props = body["forwardedProps"]["iacCode"]
-    return run_body(
-        None,
-        thread_id=body["threadId"],
-        cwd=props["cwd"],
-        ros=props["rosInvocationId"],
-        runMode="pipeline",
-        pipelineName="selling",
-        candidatePresentation="rich",
-        resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}],
-    )
-
-
 # ============================================================================ tests
 def test_selling_pipeline_runs_every_step_to_pipeline_completed(
     client: Client, ws: Path, real_kernel: RealKernel, tag: str
@@ -81,7 +67,7 @@ def test_selling_pipeline_runs_every_step_to_pipeline_completed(
     assert question["metadata"]["kind"] == "ask_user_question" and question["reason"] == "input_required"
     assert step_names(first, "STEP_STARTED") == ["intent_parsing"]
 
-    second = client.run(answer(body, question, {"selectedId": "sh"}))
+    second = client.run(pipeline_answer(body, question, {"selectedId": "sh"}))
     selection = only_interrupt(second)
     # every business step up to the selection, in order, each closed; the candidates' steps too
     assert step_names(second, "STEP_STARTED")[0] == "intent_parsing"  # reopened after the interrupt
@@ -108,7 +94,7 @@ def test_selling_pipeline_runs_every_step_to_pipeline_completed(
     assert all(o["architectureDiagram"].startswith("flowchart") for o in options)
     assert selection["responseSchema"]["properties"]["selectedId"]["enum"] == ["0", "1"]
 
-    third = client.run(answer(body, selection, {"selectedId": "1"}))
+    third = client.run(pipeline_answer(body, selection, {"selectedId": "1"}))
     assert third.terminal["type"] == "RUN_FINISHED" and third.terminal["outcome"] == {"type": "success"}
     assert "deploying" in step_names(third, "STEP_STARTED") and "deploying" in step_names(third, "STEP_FINISHED")
     ends = [e for e in pipeline_events(third) if e["eventType"] == "pipeline_completed"]
@@ -278,7 +264,7 @@ def test_candidate_step_permissions_are_interrupts_answered_by_resume(
         answers = [
             {"interruptId": i["id"], "status": "resolved", "payload": {"decision": "allow_once"}} for i in interrupts
         ]
-        resume_body = answer(body, interrupts[0], {"decision": "allow_once"}) | {"resume": answers}
+        resume_body = pipeline_answer(body, interrupts[0], {"decision": "allow_once"}) | {"resume": answers}
         assert resume_body["forwardedProps"]["iacCode"]["cwd"] == props["cwd"]
         runs.append(client.run(resume_body))
     assert len({p["id"] for p in permissions}) == 2  # one per candidate, each answered once
@@ -294,7 +280,7 @@ def test_ros_deploy_without_cloud_credentials_fails_the_pipeline_before_any_perm
 ) -> None:
     body = sell_body(f"[PIPE-SELL] [PIPE-DEPLOY] a small website {tag}", ws)
     selection = only_interrupt(client.run(body))
-    result = client.run(answer(body, selection, {"selectedId": "1"}))
+    result = client.run(pipeline_answer(body, selection, {"selectedId": "1"}))
     # before asking permission for a cloud-writing tool the kernel resolves the caller through STS
     # GetCallerIdentity (iac_code/services/permission_wait.py); without credentials the task fails
     assert result.terminal["type"] == "RUN_ERROR" and result.terminal["code"] == "A2A_EXECUTION_FAILED"
