@@ -183,7 +183,10 @@ class RunDriver:
                 return
             try:
                 try:
-                    self._body.close()
+                    if self.machine.ended:
+                        self._end_quietly()
+                    else:
+                        self._body.close()
                 finally:
                     if not self.machine.ended and self._life.state is not Attach.HANDED_OVER:
                         self._metrics.client_disconnected()
@@ -193,6 +196,15 @@ class RunDriver:
         finally:
             self._trace.detach(trace)
             RUN_IDS.reset(token)
+
+    def _end_quietly(self) -> None:
+        """The client left while the run was writing its end (the machine decided it as one
+        batch: the last deltas went out before the write that records the end): the rest of
+        the batch is carried out into the journal only, so that the end is recorded and the
+        journal ends with the terminal event."""
+        for chunk in self._body:
+            if chunk is not _IDLE and chunk is not ev.HEARTBEAT:
+                self._journal_chunk(chunk)
 
     def _wind_up(self) -> None:
         """The run is over (or abandoned): stop the pump, end the journal, give the slot

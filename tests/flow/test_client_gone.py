@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from werkzeug.test import EnvironBuilder
 
-from agui_adapter.http.connection import Connection
+from agui_adapter.http.connection import CLIENT_GONE_KEY, Connection
+from agui_adapter.run.driver import WATCHED_TICK_SECONDS
+from agui_adapter.run.pump import PumpState
 from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import parse_sse
@@ -218,3 +222,42 @@ def test_connection_hung_up_tells_a_close_and_a_reset_from_bytes(how: str) -> No
         assert server.recv(100).startswith(b"GET /health")  # nothing was consumed by asking
     client.close()
     server.close()
+
+
+@pytest.mark.parametrize("grace", [0.0, 10.0])
+def test_a_hang_up_while_the_run_writes_its_end_still_journals_the_terminal_event(
+    make_adapter: Any, workspace: Path, grace: float
+) -> None:
+    # The machine decides a run's end as one batch: the last deltas, the write that records
+    # the end, then the terminal event. The last deltas go to the client before that write;
+    # a client that hangs up right then (the stream asks before its next chunk) must not cut
+    # the batch short: the terminal event still reaches the journal (a reattach gets it, not
+    # 204 forever) and the end is recorded. Driven through the WSGI app, so that the hang-up
+    # falls exactly between the two chunks.
+    adapter = make_adapter(disconnect_grace_seconds=grace)
+    body = run_body("[SLOW] go", cwd=str(workspace))
+    environ = EnvironBuilder(method="POST", path="/", json=body, headers={"Accept": "text/event-stream"}).get_environ()
+    gone = {"now": False}
+    environ[CLIENT_GONE_KEY] = lambda: gone["now"]
+    status: list[str] = []
+    response = adapter.app(environ, lambda s, h, e=None: status.append(s))
+    stream = iter(response)
+    written = b""
+    while b"iac-code.session.v1" not in written:  # the kernel's stream is open
+        written += next(stream)
+    # while the stream is not asked for more, the kernel's whole answer queues up: the next
+    # wake-up takes it at once, its last deltas and its end
+    driver = adapter.app.engine.live_driver(body["threadId"])
+    wait_for(lambda: driver._pump is not None and driver._pump.state is PumpState.DONE, 30)
+    written += next(stream)
+    assert b"eight." in written and b"RUN_FINISHED" not in written  # the end follows the write
+    gone["now"] = True
+    time.sleep(WATCHED_TICK_SECONDS)  # the stream asks at most once a tick: now it asks
+    assert next(stream, None) is None  # the stream notices the hang-up
+    response.close()
+    ids = [int(line[4:]) for line in written.split(b"\n") if line.startswith(b"id: ")]
+    rest = Client(adapter.url).events(body["threadId"], body["runId"], ids[-1]).rest()
+    assert [event["type"] for _, event in rest][-1] == "RUN_FINISHED"
+    thread = requests.get(adapter.url + f"threads/{body['threadId']}", timeout=10).json()
+    assert thread["activeRun"] is None
+    assert [(run["runId"], run["outcome"]) for run in thread["runs"]] == [(body["runId"], "success")]
