@@ -3,6 +3,7 @@ the writer's liveness and retention. The HTTP side is in tests/flow/test_reattac
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -227,3 +228,36 @@ def test_files_are_private(store: JournalStore) -> None:
     assert all(p.stat().st_mode & 0o777 == (0o700 if p.is_dir() else 0o600) for p in entries)
     reader.close()
     writer.end()
+
+
+def spare_dirs(store: JournalStore) -> list[Path]:
+    spares = store.root / "Spares"
+    return sorted(spares.iterdir()) if spares.exists() else []
+
+
+def test_a_journal_made_ahead_of_need_is_taken_by_the_next_run_whole(store: JournalStore) -> None:
+    from tests.support.flow import wait_for
+
+    first = store.open_writer("t", "r1", {"runId": "r1"})  # made here; a spare is made meanwhile
+    wait_for(lambda: len(spare_dirs(store)) == 1 and store._spare is not None, 10)
+    (spare,) = spare_dirs(store)
+    assert sorted(p.name for p in spare.iterdir()) == ["000000000001.sse", "readers", "run.json"]
+    assert writer_alive(spare)  # held: a sweeper leaves it, however old
+    assert store.sweep(now=time.time() + 10 * 3600) == 0 and spare.exists()
+    inode = spare.stat().st_ino
+    second = store.open_writer("t", "r2", {"runId": "r2"})
+    directory = store.run_dir("t", "r2")
+    assert directory.stat().st_ino == inode and not spare.exists()  # the spare, renamed into place
+    assert json.loads((directory / "run.json").read_text()) == {"runId": "r2"}
+    assert store.readers("t", "r2") == 1  # the run's own client, as for a journal made on the spot
+    second.append(chunk(1, 2), 3)
+    second.end()
+    assert ids(store.open_reader("t", "r2", 0).read()) == [1, 2]
+    wait_for(lambda: len(spare_dirs(store)) == 1 and store._spare is not None, 10)  # the next one
+    first.end()
+
+
+def test_no_thread_id_names_the_spares_directory() -> None:
+    from agui_adapter.state.store import thread_key
+
+    assert thread_key("Spares") != "Spares" and thread_key("spares") == "spares"
