@@ -12,11 +12,17 @@ file) turns it off.
 One line, logger ``agui_adapter.access`` at INFO, in the chosen ``--log-format``:
 
 - text: ``<client> "<METHOD> <path> <protocol>" <status> <bytes> <seconds>s <route>
-  "<user agent>"`` plus ``thread=<id> run=<id>`` when known, then the request id as on
-  every line (``[request <id>]``);
+  "<user agent>"`` plus ``thread=<id> run=<id>`` when known and ``refused=<code>`` for a
+  run refused with an AG-UI error code, then the request id as on every line
+  (``[request <id>]``);
 - JSON: the fields ``method``, ``path``, ``protocol``, ``route``, ``status``,
-  ``bytes_sent``, ``duration_seconds``, ``client_address``, ``user_agent`` besides the usual
-  ``request_id``, ``thread_id``, ``run_id`` (``logs``).
+  ``bytes_sent``, ``duration_seconds``, ``client_address``, ``user_agent`` (and
+  ``error_code`` for a refused run) besides the usual ``request_id``, ``thread_id``,
+  ``run_id`` (``logs``).
+
+A refused run has this one line (its code on it); without the access log, the app writes
+``POST / refused: <code>`` instead, so that a refusal is never silent. One line, not two,
+is a fifth of what a refusal costs the adapter.
 
 The path is logged without its query string, and the client address is the peer's
 (``REMOTE_ADDR``): behind a proxy, the proxy's log has the browser's. Header values never
@@ -42,6 +48,8 @@ log = logging.getLogger("agui_adapter.access")
 
 #: Where the HTTP edge keeps a request's known (thread id, run id) in the environ.
 IDS_KEY = "agui_adapter.ids"
+#: Where the app keeps the AG-UI error code a run was refused with, for its access line.
+REFUSED_KEY = "agui_adapter.refused"
 MAX_USER_AGENT = 256
 
 
@@ -96,8 +104,13 @@ def write_line(exchange: Exchange, route: str) -> None:
     where = ""
     if ids is not None:
         where = f" thread={_printable(ids[0])}" + (f" run={_printable(ids[1])}" if ids[1] else "")
+    refused = environ.get(REFUSED_KEY)
+    if refused is not None:
+        where += f" refused={refused}"
     message = f'{client} "{method} {path} {protocol}" {status} {sent} {seconds:.3f}s {route} "{agent}"{where}'
     record = log.makeRecord(log.name, logging.INFO, "(access)", 0, message, None, None)
+    if refused is not None:
+        record.error_code = refused
     record.__dict__.update(
         method=method,
         path=path,

@@ -73,7 +73,7 @@ from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.state.journal import JournalReader, ReplayUnavailable, follow
 from agui_adapter.web import client_modules, console_page
 from agui_adapter.web import request_checks as checks
-from agui_adapter.web.access_log import IDS_KEY, Exchange, ResponseBody
+from agui_adapter.web.access_log import IDS_KEY, REFUSED_KEY, Exchange, ResponseBody
 from agui_adapter.web.thread_resource import ThreadViews, check_path_header
 
 log = logging.getLogger("agui_adapter.web.app")
@@ -531,7 +531,10 @@ class AguiApp:
                     return self._replay(start_response, reader, language, gone, thread_id, run_id)
             admission = self._admit(run_input, language)
         except AguiError as err:
-            log.info("POST / refused: %s", err.code)
+            if self.access_log:
+                environ[REFUSED_KEY] = str(err.code)  # on the access line (``access_log``)
+            else:
+                log.info("POST / refused: %s", err.code)
             return self._error(start_response, language, err)
         ids = {"thread_id": run_input.thread_id, "run_id": run_input.run_id}
         log.info(

@@ -149,8 +149,11 @@ def test_one_json_line_per_request_with_its_route_status_bytes_and_ids(adapter_p
         assert busy.status == 409 and busy.error["code"] == "THREAD_BUSY"
         line = _access(process, "acc-busy")
         assert (line["status"], line["thread_id"], line["run_id"]) == (409, busy_body["threadId"], busy_body["runId"])
+        # one line, not two: the access line carries the code the run was refused with
         refusal = [e for e in _entries(process) if e["request_id"] == "acc-busy" and "refused" in e["message"]]
-        assert refusal and refusal[0]["run_id"] == busy_body["runId"]
+        assert [e["logger"] for e in refusal] == ["agui_adapter.access"]
+        assert refusal[0]["error_code"] == "THREAD_BUSY" and " refused=THREAD_BUSY" in refusal[0]["message"]
+        assert refusal[0]["run_id"] == busy_body["runId"]
         assert refusal[0]["thread_id"] == busy_body["threadId"]
     finally:
         held.close()

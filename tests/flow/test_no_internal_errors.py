@@ -40,7 +40,7 @@ def test_a_workspace_of_a_thousand_components_is_a_400_with_a_bounded_log(
     assert result.error["code"] == "INVALID_INPUT"
     assert CWD_FIELD in result.error["message"]
     assert list(workspace.iterdir()) == []  # nothing created
-    wait_for(lambda: b"refused: INVALID_INPUT [request rid-deep-cwd]" in adapter.log)  # its last line
+    wait_for(lambda: b"refused=INVALID_INPUT [request rid-deep-cwd]" in adapter.log)  # its last line
     added = adapter.log[before:]
     assert len(added) < MAX_GROWTH, added[:500]
     assert all(len(line) < MAX_LINE for line in added.splitlines()), added[:500]
