@@ -36,6 +36,11 @@ Layout, per run: ``<state>/journal/<thread key>/<run key>/``
 * ``handed-over``: written when a process stopping gracefully left the run to the kernel
   (``--on-shutdown handover``); the next process adopts it.
 
+A journal is made under a temporary name (``.new-…``) and renamed into place once its writer
+holds it. One is made ahead of need, in ``<state>/journal/Spares/`` (no thread key has capital
+letters), by a thread of its own after each run took the last: a run renames it into place
+instead of making its files between its request and ``RUN_STARTED``.
+
 Journals live for ``replay_retention_seconds`` after their run's last write
 (``JournalStore.sweep``, from a daemon thread in each process). They hold only events,
 which never carry a secret, in 0600 files in 0700 directories.
