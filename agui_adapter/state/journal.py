@@ -255,7 +255,7 @@ class JournalStore:
         self._sweeper_lock = threading.Lock()
         self._root_private = False  # the root's mode was set (once per process)
         self._spare: tuple[Path, JournalWriter] | None = None  # a journal made ahead of need
-        self._spare_wanted = threading.Condition(self._sweeper_lock)
+        self._spare_wanted = threading.Condition()
         self._spare_maker: threading.Thread | None = None
 
     def run_dir(self, thread_id: str, run_id: str) -> Path:
@@ -267,7 +267,7 @@ class JournalStore:
 
         It is made under a temporary name and renamed into place once its writer holds it,
         so that a sweeper (of any process) never takes a new journal for a dead one. The
-        journal made ahead of need (``_make_spare``, on a thread of its own) is taken when
+        journal made ahead of need (``_make_spares``, on a thread of its own) is taken when
         there is one: the five files and directories a journal is made of cost some 1.5 ms
         of the time to RUN_STARTED when made here."""
         self._start_sweeper()
@@ -327,8 +327,10 @@ class JournalStore:
                 self._make_thread_dir(parent)
                 fresh, writer = self._make_fresh(parent)
                 _write_private(fresh / RUN_META, b"")
-            except OSError as exc:  # the runs make theirs as they start
+            except OSError as exc:  # the runs make theirs as they start; the next one asks again
                 log.warning("could not make a journal ahead of need: %s", exc)
+                with self._spare_wanted:
+                    self._spare_maker = None
                 return
             with self._spare_wanted:
                 self._spare = (fresh, writer)

@@ -21,8 +21,8 @@ One line, logger ``agui_adapter.access`` at INFO, in the chosen ``--log-format``
   ``run_id`` (``logs``).
 
 A refused run has this one line (its code on it); without the access log, the app writes
-``POST / refused: <code>`` instead, so that a refusal is never silent. One line, not two,
-is a fifth of what a refusal costs the adapter.
+``POST / refused: <code>`` instead, so that a refusal is never silent. One log record, not
+two, saves about a fifth of the application's part of a refusal.
 
 The path is logged without its query string, and the client address is the peer's
 (``REMOTE_ADDR``): behind a proxy, the proxy's log has the browser's. Header values never

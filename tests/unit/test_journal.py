@@ -261,3 +261,20 @@ def test_no_thread_id_names_the_spares_directory() -> None:
     from agui_adapter.state.store import thread_key
 
     assert thread_key("Spares") != "Spares" and thread_key("spares") == "spares"
+
+
+def test_without_room_for_a_spare_runs_make_their_own_and_the_maker_tries_again(store: JournalStore) -> None:
+    from tests.support.flow import wait_for
+
+    store.root.mkdir(parents=True)
+    (store.root / "Spares").write_bytes(b"")  # not a directory: no spare can be made
+    first = store.open_writer("t", "r1")
+    wait_for(lambda: store._spare_maker is None, 10)  # it gave up, saying why
+    assert store._spare is None
+    second = store.open_writer("t", "r2")  # made on the spot, whole
+    assert store.readers("t", "r2") == 1 and (store.run_dir("t", "r2") / "000000000001.sse").exists()
+    (store.root / "Spares").unlink()
+    third = store.open_writer("t", "r3")  # the next run asks again
+    wait_for(lambda: store._spare is not None and len(spare_dirs(store)) == 1, 10)
+    for writer in (first, second, third):
+        writer.end()
