@@ -20,11 +20,12 @@ own, test (the rules without sockets, the server over real ones), and keep free 
 runtime dependencies. Its wire rules, with no I/O, are ``rules.py``; the socket I/O of one
 connection (timed reads and writes, ``wsgi.input``, the response writer) is
 ``connection.py``; one request (its head, the WSGI environ, the application's run, the
-server's own JSON answers) is ``exchange.py``; the worker threads are ``workers.py``, the
-waiting connections' deadlines ``deadlines.py``, the limits ``limits.py``; the listening
-socket (opening, accepting, refusing beyond the limit) is ``listener.py``, and the answer of a
-small request on the I/O thread ``inline.py``; this module is the server: the I/O thread, the
-connections and their limits, and the shutdown API.
+server's own JSON answers) is ``exchange.py``; the worker threads are warm threads
+(``ops.warm_threads``, as the runs' kernel readers are), the waiting connections' deadlines
+``deadlines.py``, the limits ``limits.py``; the listening socket (opening, accepting,
+refusing beyond the limit) is ``listener.py``, and the answer of a small request on the I/O
+thread ``inline.py``; this module is the server: the I/O thread, the connections and their
+limits, and the shutdown API.
 
 Threading model (waitress's, with one twist): one I/O thread (``serve_forever``) accepts
 connections and watches every one that waits for a request, new or kept alive, with one
@@ -85,9 +86,14 @@ from agui_adapter.http.rules import (
     error_response,
     http_date,
 )
-from agui_adapter.http.workers import WorkerPool
+from agui_adapter.ops.warm_threads import WarmThreads
 
 log = logging.getLogger("agui_adapter.http.server")
+
+IDLE_WORKERS = 32
+"""Worker threads kept waiting for the next request; more exit once done."""
+WORKER_IDLE_SECONDS = 30.0
+"""A waiting worker exits after this long without a request."""
 
 
 _LONGEST_WAIT = 3600.0  # one select() (a deadline years away is waited for an hour at a time)
@@ -144,7 +150,7 @@ class WSGIServer:
         self._parked: dict[int, Connection] = {}  # id -> connection waiting on the I/O thread
         self._deadlines = Deadlines()
         self._next_wake = FOREVER  # the deadline the I/O thread sleeps until
-        self._workers = WorkerPool(self._serve)
+        self._workers = WarmThreads(idle_seconds=WORKER_IDLE_SECONDS, max_idle=IDLE_WORKERS, name="http-worker")
         self.socket = sock = listener.listen(host, port, self.limits.backlog)
         self.server_address = sock.getsockname()
         self.server_port = self.server_address[1]
@@ -359,9 +365,9 @@ class WSGIServer:
 
     # ------------------------------------------------------------------ workers
     def _dispatch(self, conn: Connection, reader: Reader, deadline: float, pending: tuple[bytes, bool] | None) -> None:
-        """Serve the connection on a worker thread (``workers.py``)."""
+        """Serve the connection on a worker thread (``ops.warm_threads``)."""
         conn.state = ConnState.READING
-        if not self._workers.submit((conn, reader, deadline, pending)):
+        if not self._workers.run(lambda: self._serve(conn, reader, deadline, pending)):
             conn.abort()
             self._close(conn)
 

@@ -1,7 +1,9 @@
 """The reader thread of a run: owns the blocking kernel stream, feeds a bounded queue.
 
-The thread is one of the process's warm reader threads (``readers``): ``start()`` hands
-the reading over and returns at once; ``join`` and ``is_alive`` say when it is done.
+The thread is one of the process's warm reader threads (``READERS``, ``ops.warm_threads``:
+a thread that finished a run's kernel stream waits for the next one, so a run does not wait
+for a thread's birth on its way to the first delta): ``start()`` hands the reading over and
+returns at once; ``join`` and ``is_alive`` say when it is done.
 
 The reader only does I/O: it queues the raw bytes of each network read, and the WSGI
 thread decodes and translates them after taking everything already queued in one go
@@ -30,10 +32,14 @@ from typing import Protocol
 
 from agui_adapter.kernel_client.a2a import FrameReader
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
-from agui_adapter.run.readers import READERS, ReaderThreads
+from agui_adapter.ops.warm_threads import WarmThreads
 from agui_adapter.run.translation import inspect_frame
 
 log = logging.getLogger("agui_adapter.run.pump")
+
+#: The process's reader threads, every run's pump among them: a thread with nothing to read
+#: waits 10 s for the next run, and at most 8 wait at once.
+READERS = WarmThreads(idle_seconds=10.0, max_idle=8, name="kernel-reader")
 
 
 class KernelByteStream(Protocol):
@@ -96,7 +102,7 @@ class KernelPump:
         *,
         maxsize: int = 64,
         name: str = "kernel-pump",
-        threads: ReaderThreads = READERS,
+        threads: WarmThreads = READERS,
     ) -> None:
         self.name = name
         self._threads = threads
@@ -122,7 +128,8 @@ class KernelPump:
         if self._started:
             raise RuntimeError("a pump is started once")
         self._started = True
-        self._threads.run(self.run)
+        if not self._threads.run(self.run):
+            raise RuntimeError("can't start new thread")
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the reader is done with the stream (as ``Thread.join``)."""

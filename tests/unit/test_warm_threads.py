@@ -1,11 +1,12 @@
-"""Warm reader threads (``run.readers``): reused, bounded, and gone when idle."""
+"""Warm threads (``ops.warm_threads``: the server's workers, the runs' kernel readers):
+reused, bounded, and gone when idle."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from agui_adapter.run.readers import ReaderThreads
+from agui_adapter.ops.warm_threads import WarmThreads
 
 WAIT = 5.0
 
@@ -20,7 +21,7 @@ def wait_for(condition, timeout: float = WAIT) -> bool:
 
 
 def test_work_runs_on_another_thread_and_a_finished_thread_serves_the_next_work() -> None:
-    threads = ReaderThreads(idle_seconds=WAIT)
+    threads = WarmThreads(idle_seconds=WAIT, max_idle=8, name="test")
     seen: list[int] = []
     done = threading.Event()
 
@@ -40,7 +41,7 @@ def test_work_runs_on_another_thread_and_a_finished_thread_serves_the_next_work(
 
 
 def test_work_given_while_every_thread_is_busy_gets_a_thread_of_its_own() -> None:
-    threads = ReaderThreads(idle_seconds=WAIT)
+    threads = WarmThreads(idle_seconds=WAIT, max_idle=8, name="test")
     release = threading.Event()
     started: list[int] = []
     lock = threading.Lock()
@@ -59,7 +60,7 @@ def test_work_given_while_every_thread_is_busy_gets_a_thread_of_its_own() -> Non
 
 
 def test_no_more_than_max_idle_threads_wait_and_an_idle_thread_ends() -> None:
-    threads = ReaderThreads(idle_seconds=0.2, max_idle=1)
+    threads = WarmThreads(idle_seconds=0.2, max_idle=1, name="test")
     release = threading.Event()
     finished = threading.Semaphore(0)
     before = threading.active_count()
@@ -78,7 +79,7 @@ def test_no_more_than_max_idle_threads_wait_and_an_idle_thread_ends() -> None:
 
 
 def test_a_failing_work_does_not_cost_the_thread() -> None:
-    threads = ReaderThreads(idle_seconds=WAIT)
+    threads = WarmThreads(idle_seconds=WAIT, max_idle=8, name="test")
     done = threading.Event()
 
     def failing() -> None:
@@ -93,7 +94,7 @@ def test_a_failing_work_does_not_cost_the_thread() -> None:
 def test_a_forked_child_forgets_the_parents_waiting_threads() -> None:
     import os
 
-    threads = ReaderThreads(idle_seconds=WAIT)
+    threads = WarmThreads(idle_seconds=WAIT, max_idle=8, name="test")
     done = threading.Event()
     threads.run(done.set)
     assert done.wait(WAIT) and wait_for(lambda: threads.idle() == 1)

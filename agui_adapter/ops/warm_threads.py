@@ -1,16 +1,18 @@
-"""Reader threads kept warm: a run's kernel pump starts on one without waiting for a new thread.
+"""Threads kept warm: work starts on a thread that finished its last piece, without a thread's birth.
 
-Each run reads its kernel stream on a thread of its own (the design card's reader thread,
-``pump``). Starting a new ``threading.Thread`` for every run costs the run a thread's birth
-on its way to the first delta: ``start()`` waits until the new thread runs, and on a busy
-machine that wait is the scheduler's, up to milliseconds. So a reader thread that finished
-its run waits a while for the next one (``IDLE_SECONDS``), and a run hands its reader work
-to such a thread with one queue put, going on at once (it makes the run's journal while the
-kernel answers). At most ``MAX_IDLE`` threads wait at any time; the others end, as does a
-waiting thread nobody called for within ``IDLE_SECONDS``, so a burst of runs leaves no
-crowd of threads behind. A thread still serves one run at a time: the design is unchanged.
-A forked child (a WSGI server's worker forked after the application was loaded) forgets the
-parent's waiting threads, which it does not have.
+Why this module exists: the built-in server runs each request it cannot answer at once on a
+worker thread (``http.server``), and each run reads its kernel stream on a reader thread of
+its own (the design card's reader thread, ``run.pump``). Starting a new ``threading.Thread``
+for each costs a thread's birth: ``start()`` waits until the new thread runs, and on a busy
+machine that wait is the scheduler's (and the GIL's), up to milliseconds. So a thread that
+finished its work waits a while for the next piece (``idle_seconds``), and work is handed to
+such a thread with one queue put, the caller going on at once. At most ``max_idle`` threads
+wait at any time; the others end, as does a waiting thread nobody called for within
+``idle_seconds``, so a burst leaves no crowd of threads behind. A thread still does one piece
+of work at a time. Each waiting thread has an inbox of its own, taken under the lock before
+work is put in it, so work never waits for a thread that is about to end. A forked child (a
+WSGI server's worker forked after the application was loaded) forgets the parent's waiting
+threads, which it does not have.
 """
 
 from __future__ import annotations
@@ -22,34 +24,35 @@ import threading
 import weakref
 from collections.abc import Callable
 
-log = logging.getLogger("agui_adapter.run.readers")
-
-#: How long a reader thread with nothing to read waits for the next run before it ends.
-IDLE_SECONDS = 10.0
-#: How many reader threads may wait for work at once.
-MAX_IDLE = 8
+log = logging.getLogger("agui_adapter.ops.warm_threads")
 
 Work = Callable[[], None]
 
 
-class ReaderThreads:
+class WarmThreads:
     """Runs each piece of work given to ``run`` on a thread of its own, reusing idle ones."""
 
-    def __init__(self, *, idle_seconds: float = IDLE_SECONDS, max_idle: int = MAX_IDLE) -> None:
+    def __init__(self, *, idle_seconds: float, max_idle: int, name: str) -> None:
         self._idle_seconds = idle_seconds
         self._max_idle = max_idle
+        self._name = name
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[Work]] = []  # one inbox per waiting thread, newest last
         _POOLS.add(self)
 
-    def run(self, work: Work, name: str = "kernel-reader") -> None:
-        """Start ``work`` on a waiting thread, or on a new one (``name``) when none waits."""
+    def run(self, work: Work) -> bool:
+        """Start ``work`` on a waiting thread, or on a new one when none waits; False when no
+        thread can start (the system's limit)."""
         with self._lock:
             inbox = self._idle.pop() if self._idle else None
         if inbox is not None:
             inbox.put(work)
-            return
-        threading.Thread(target=self._serve, args=(work,), name=name, daemon=True).start()
+            return True
+        try:
+            threading.Thread(target=self._serve, args=(work,), name=self._name, daemon=True).start()
+        except RuntimeError:  # can't start new thread
+            return False
+        return True
 
     def _forget_idle(self) -> None:
         """In a forked child: the waiting threads were the parent's."""
@@ -67,7 +70,7 @@ class ReaderThreads:
             try:
                 work()
             except Exception:  # noqa: BLE001 - the work reports its own failures; the thread goes on
-                log.exception("a reader thread's work failed")
+                log.exception("a %s thread's work failed", self._name)
             del work
             with self._lock:
                 if len(self._idle) >= self._max_idle:
@@ -83,7 +86,7 @@ class ReaderThreads:
                 work = inbox.get()  # taken just now: its work is on the way
 
 
-_POOLS: weakref.WeakSet[ReaderThreads] = weakref.WeakSet()
+_POOLS: weakref.WeakSet[WarmThreads] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -93,6 +96,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-#: The process's reader threads (every run's pump uses them).
-READERS = ReaderThreads()
