@@ -248,15 +248,20 @@ def test_timeouts_of_years_are_served_like_any_other(serve: Serve) -> None:
     conn.close()
 
 
-def test_idle_keep_alive_connection_is_closed_after_the_timeout(serve: Serve) -> None:
-    server = serve(DemoApp(), keepalive_timeout=0.5)
-    conn = Conn(server.server_port)
+def assert_closed_after_the_idle_timeout(conn: Conn, server: Any) -> None:
+    """One more request, then the server closes the connection once it idled 0.5 s."""
     conn.request("GET", "/health")
     assert conn.response()[0] == 200
     started = time.monotonic()
     assert conn.closed_by_server(within=5.0)
     assert 0.3 < time.monotonic() - started < 3.0
     assert wait_for(lambda: not server.connections(), 2.0)
+
+
+def test_idle_keep_alive_connection_is_closed_after_the_timeout(serve: Serve) -> None:
+    server = serve(DemoApp(), keepalive_timeout=0.5)
+    conn = Conn(server.server_port)
+    assert_closed_after_the_idle_timeout(conn, server)
 
 
 def test_connection_close_and_http_1_0(serve: Serve) -> None:
@@ -1032,12 +1037,7 @@ def test_quick_answers_keep_the_keep_alive_timeout(serve_named: Serve) -> None:
         conn.request("GET", "/health")
         assert conn.response()[0] == 200
         time.sleep(0.3)  # each request renews the 0.5 s: the connection stays (not a barrier)
-    conn.request("GET", "/health")
-    assert conn.response()[0] == 200
-    started = time.monotonic()
-    assert conn.closed_by_server(within=5.0)
-    assert 0.3 < time.monotonic() - started < 3.0
-    assert wait_for(lambda: not server.connections(), 2.0)
+    assert_closed_after_the_idle_timeout(conn, server)
 
 
 def test_waiting_connections_hold_no_thread(serve: Serve) -> None:
