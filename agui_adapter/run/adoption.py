@@ -12,7 +12,11 @@ that meets it becomes its driver again:
 * on a new turn for its thread (``admission.Admitter``: the orphan holds the thread again, so
   the turn is ``THREAD_BUSY`` while the run goes on),
 * at start-up and every ``SCAN_SECONDS`` after (``Adoption.scan``): found from the journal
-  directory, never by scanning thread records.
+  directory, never by scanning thread records. A journal that ended never takes another
+  event, so a scan remembers which had: a thread directory unchanged since (the same mtime,
+  older than ``SETTLED_SECONDS`` so that a change in the same clock tick is not missed) costs
+  one ``stat`` when all its runs had ended, and only its other runs are looked at otherwise;
+  a changed one (a run made or removed) is looked into whole.
 
 Only one process adopts a run: the journal directory's OS lock decides
 (``JournalWriter.claim``); the thread's run lock, released by the OS when the dead process
@@ -40,6 +44,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +71,9 @@ log = logging.getLogger("agui_adapter.run.adoption")
 
 #: How often each process looks for orphans in the journal directory.
 SCAN_SECONDS = 2.0
+#: A directory's mtime is trusted to show every change once it is this old (file times come
+#: from a coarse clock: two changes within one tick leave the same mtime).
+SETTLED_SECONDS = 1.0
 #: The grace period of an adopted run when ``--disconnect-grace-seconds`` is 0: its clients'
 #: streams were cut, not closed by them, and they need a moment to come back.
 ADOPTED_GRACE_SECONDS = 30.0
@@ -88,6 +96,16 @@ def _ends_with_end(directory: Path) -> bool:
             return handle.read() == END
     except OSError:
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class _ThreadLook:
+    """What the last scan saw of one thread directory."""
+
+    mtime_ns: int
+    ended: frozenset[str]  # its runs whose journals had ended
+    settled: bool  # the mtime was old enough to show every change (``SETTLED_SECONDS``)
+    quiet: bool  # every run in it had ended
 
 
 def orphaned(directory: Path) -> bool:
@@ -212,6 +230,7 @@ class Adoption:
         self._lock = threading.Lock()
         self._taking: set[str] = set()  # threads whose run this process is taking over right now
         self._stopped = False
+        self._looks: dict[str, _ThreadLook] = {}  # thread directory -> what the last scan saw
 
     def stop(self) -> None:
         """The process is stopping: it adopts nothing more (a run it took now would be orphaned
@@ -240,15 +259,31 @@ class Adoption:
             self._scanner.start()
 
     def scan(self) -> int:
-        """Adopt every orphan of the journal directory; how many were adopted."""
+        """Adopt every orphan of the journal directory; how many were adopted. Thread
+        directories unchanged since a scan saw all their runs ended are not opened."""
         adopted = 0
         root = self.services.journals.root
+        settled_before = time.time_ns() - int(SETTLED_SECONDS * 1e9)
         try:
             threads = list(os.scandir(root))
         except OSError:
             return 0
+        looks: dict[str, _ThreadLook] = {}
         for thread_entry in threads:
-            adopted += self._scan_thread_dir(Path(thread_entry.path))
+            try:
+                mtime_ns = thread_entry.stat(follow_symlinks=False).st_mtime_ns
+            except OSError:
+                continue
+            last = self._looks.get(thread_entry.path)
+            unchanged = last is not None and last.settled and last.mtime_ns == mtime_ns
+            if unchanged and last is not None and last.quiet:
+                looks[thread_entry.path] = last
+                continue
+            known = last.ended if unchanged and last is not None else frozenset()
+            count, ended, quiet = self._look_into(Path(thread_entry.path), known)
+            adopted += count
+            looks[thread_entry.path] = _ThreadLook(mtime_ns, ended, mtime_ns < settled_before, quiet)
+        self._looks = looks
         return adopted
 
     def thread(self, thread_id: str) -> int:
@@ -260,15 +295,26 @@ class Adoption:
         return self._scan_thread_dir(directory)
 
     def _scan_thread_dir(self, directory: Path) -> int:
+        return self._look_into(directory, frozenset())[0]
+
+    def _look_into(self, directory: Path, known_ended: frozenset[str]) -> tuple[int, frozenset[str], bool]:
+        """Adopt the orphans of one thread directory, skipping ``known_ended``: how many were
+        adopted, which runs have ended, and whether all of them have."""
         adopted = 0
         try:
-            runs = [Path(e.path) for e in os.scandir(directory) if not e.name.startswith(".")]
+            names = [e.name for e in os.scandir(directory) if not e.name.startswith(".")]
         except OSError:
-            return 0
-        for run_dir in runs:
-            if orphaned(run_dir) and self.adopt(run_dir) == "adopted":
+            return 0, frozenset(), False
+        ended = set(known_ended.intersection(names))
+        for name in names:
+            if name in ended:
+                continue
+            run_dir = directory / name
+            if _ends_with_end(run_dir):
+                ended.add(name)
+            elif not writer_alive(run_dir) and self.adopt(run_dir) == "adopted":
                 adopted += 1
-        return adopted
+        return adopted, frozenset(ended), len(ended) == len(names)
 
     def run(self, thread_id: str, run_id: str) -> bool:
         """A reader met the run: adopt it if it is an orphan. Whether it has a live writer now."""
