@@ -80,12 +80,14 @@ ADOPTED_GRACE_SECONDS = 30.0
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
 
-def _ends_with_end(directory: Path) -> bool:
-    """Whether the run's newest segment ends with the end mark (a cheap look, no parsing)."""
+def _end_seen(directory: Path) -> bool | None:
+    """Whether the run's newest segment ends with the end mark (a cheap look, no parsing);
+    None when the look failed (the run is gone meanwhile, or the system said no: out of file
+    handles, say), which ``orphaned`` counts as no orphan and a scan does not remember."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".sse"))
     except OSError:
-        return True
+        return None
     if not names:
         return True
     try:
@@ -95,7 +97,7 @@ def _ends_with_end(directory: Path) -> bool:
             handle.seek(max(0, size - len(END)))
             return handle.read() == END
     except OSError:
-        return True
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,7 @@ class _ThreadLook:
 
 def orphaned(directory: Path) -> bool:
     """A journal without an end whose writer is gone."""
-    return not _ends_with_end(directory) and not writer_alive(directory)
+    return _end_seen(directory) is False and not writer_alive(directory)
 
 
 def _scan_forever(adoption_ref: weakref.ref[Adoption]) -> None:
@@ -274,12 +276,13 @@ class Adoption:
                 mtime_ns = thread_entry.stat(follow_symlinks=False).st_mtime_ns
             except OSError:
                 continue
+            known: frozenset[str] = frozenset()
             last = self._looks.get(thread_entry.path)
-            unchanged = last is not None and last.settled and last.mtime_ns == mtime_ns
-            if unchanged and last is not None and last.quiet:
-                looks[thread_entry.path] = last
-                continue
-            known = last.ended if unchanged and last is not None else frozenset()
+            if last is not None and last.settled and last.mtime_ns == mtime_ns:  # unchanged since
+                if last.quiet:
+                    looks[thread_entry.path] = last
+                    continue
+                known = last.ended
             count, ended, quiet = self._look_into(Path(thread_entry.path), known)
             adopted += count
             looks[thread_entry.path] = _ThreadLook(mtime_ns, ended, mtime_ns < settled_before, quiet)
@@ -310,9 +313,10 @@ class Adoption:
             if name in ended:
                 continue
             run_dir = directory / name
-            if _ends_with_end(run_dir):
+            seen = _end_seen(run_dir)
+            if seen:
                 ended.add(name)
-            elif not writer_alive(run_dir) and self.adopt(run_dir) == "adopted":
+            elif seen is False and not writer_alive(run_dir) and self.adopt(run_dir) == "adopted":
                 adopted += 1
         return adopted, frozenset(ended), len(ended) == len(names)
 

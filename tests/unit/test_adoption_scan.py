@@ -5,6 +5,7 @@ is looked at every time, so that it is adopted once its writer is gone."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -49,13 +50,13 @@ def scanner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[A
     )
     looked: list[str] = []
     adopted: list[str] = []
-    ends_with_end = adoption_module._ends_with_end
+    end_seen = adoption_module._end_seen
 
-    def counting(directory: Path) -> bool:
+    def counting(directory: Path) -> bool | None:
         looked.append(directory.name)
-        return ends_with_end(directory)
+        return end_seen(directory)
 
-    monkeypatch.setattr(adoption_module, "_ends_with_end", counting)
+    monkeypatch.setattr(adoption_module, "_end_seen", counting)
     monkeypatch.setattr(engine.adoption, "adopt", lambda directory: adopted.append(directory.name) or "adopted")
     engine.journals.root.mkdir(parents=True, exist_ok=True)
     yield engine.adoption, engine.journals.root, looked, adopted
@@ -144,5 +145,22 @@ def test_a_thread_removed_and_made_again_is_looked_into(scanner) -> None:
     adoption.scan()  # gone: forgotten
     make_run(root, "t-a", "r-1", ended=False)  # the same names, another run
     age(root / "t-a")
+    assert adoption.scan() == 1
+    assert adopted == ["r-1"]
+
+
+def test_a_look_that_failed_is_not_remembered(scanner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of file handles for a moment: the run is no orphan this time, and looked at again."""
+    adoption, root, looked, adopted = scanner
+    make_run(root, "t-a", "r-1", ended=False)
+    age(root / "t-a")
+    listdir = os.listdir
+
+    def out_of_handles(path):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "listdir", out_of_handles)
+    assert adoption.scan() == 0 and adopted == []
+    monkeypatch.setattr(os, "listdir", listdir)
     assert adoption.scan() == 1
     assert adopted == ["r-1"]
