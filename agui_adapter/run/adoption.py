@@ -295,12 +295,11 @@ class Adoption:
             directory = self.services.journals.run_dir(thread_id, "x").parent
         except StoreError:
             return 0
-        return self._scan_thread_dir(directory)
+        return self._look_into(directory)[0]
 
-    def _scan_thread_dir(self, directory: Path) -> int:
-        return self._look_into(directory, frozenset())[0]
-
-    def _look_into(self, directory: Path, known_ended: frozenset[str]) -> tuple[int, frozenset[str], bool]:
+    def _look_into(
+        self, directory: Path, known_ended: frozenset[str] = frozenset()
+    ) -> tuple[int, frozenset[str], bool]:
         """Adopt the orphans of one thread directory, skipping ``known_ended``: how many were
         adopted, which runs have ended, and whether all of them have."""
         adopted = 0

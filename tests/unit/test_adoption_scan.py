@@ -6,7 +6,6 @@ is looked at every time, so that it is adopted once its writer is gone."""
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.run import adoption as adoption_module
 from agui_adapter.run.adoption import Adoption
 from agui_adapter.run.engine import RunEngine
-from agui_adapter.state.journal import END
+from agui_adapter.state.journal import END, JournalWriter
 from agui_adapter.state.store import ThreadStore
 
 OLD = 10.0  # seconds: older than ``SETTLED_SECONDS``
@@ -100,34 +99,35 @@ def test_a_thread_changed_within_the_settling_time_is_looked_into_again(scanner)
     assert adopted == ["r-2"]
 
 
-def test_a_run_still_written_is_looked_at_until_its_writer_goes(scanner) -> None:
-    adoption, root, looked, adopted = scanner
+def written_run(root: Path) -> JournalWriter:
+    """An unended run of thread ``t-a`` with a live writer (of this process or another)."""
     directory = make_run(root, "t-a", "r-1", ended=False)
     age(root / "t-a")
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # a live writer (of this process or another)
+    writer = JournalWriter.claim(directory, 1 << 20)
+    assert writer is not None
+    return writer
+
+
+def test_a_run_still_written_is_looked_at_until_its_writer_goes(scanner) -> None:
+    adoption, root, looked, adopted = scanner
+    writer = written_run(root)
     try:
         for _ in range(2):
             assert adoption.scan() == 0
         assert looked == ["r-1", "r-1"] and adopted == []
     finally:
-        os.close(fd)  # the writer is gone
+        writer.close()  # the writer is gone, without an end
     assert adoption.scan() == 1
     assert adopted == ["r-1"]
 
 
 def test_a_run_that_ended_since_the_last_scan_quiets_its_thread(scanner) -> None:
     adoption, root, looked, adopted = scanner
-    directory = make_run(root, "t-a", "r-1", ended=False)
-    age(root / "t-a")
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    writer = written_run(root)
     try:
         adoption.scan()
-        with open(directory / "000000000001.sse", "ab") as segment:
-            segment.write(END)
     finally:
-        os.close(fd)
+        writer.end()
     adoption.scan()
     looked.clear()
     adoption.scan()
