@@ -29,8 +29,10 @@ still expanded, as the contract's examples and upstream allow.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -91,10 +93,6 @@ def allowed_roots(env: Mapping[str, str], process_cwd: str, temp_dir: str) -> li
     return roots
 
 
-def _overlaps(path: Path, reserved: Path) -> bool:
-    return path == reserved or path.is_relative_to(reserved) or reserved.is_relative_to(path)
-
-
 def resolve_workspace(raw: str, roots: Sequence[Path], reserved: Sequence[Path] = ()) -> Path:
     """Check ``raw`` against the roots and return its resolved path; creates nothing.
 
@@ -128,8 +126,21 @@ def _real(path: str) -> Path:
     return Path(os.path.realpath(path))
 
 
+#: What ``lstat`` may say of a path that is simply not there (as ``Path.exists`` reads them).
+_ABSENT = {errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP}
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether the absolute, normalized ``path`` is ``root`` or lies under it (string
+    components compared, as ``PurePath.is_relative_to`` does, at a fraction of its cost)."""
+    return path == root or path.startswith(root if root.endswith("/") else root + "/")
+
+
 def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
-    """``resolve_workspace`` with ``roots`` and ``reserved`` resolved already."""
+    """``resolve_workspace`` with ``roots`` and ``reserved`` resolved already.
+
+    On strings, not ``pathlib``: it runs on every run's way to ``RUN_STARTED``, and
+    ``pathlib``'s parsing made it cost 120 µs where this costs about 60."""
     if not isinstance(raw, str) or not raw:
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
     if "\x00" in raw or len(raw) > MAX_CWD_BYTES or raw.count("/") > MAX_CWD_DEPTH:
@@ -140,30 +151,44 @@ def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
     if not os.path.isabs(expanded):
         raise _invalid(messages.CWD_NOT_ABSOLUTE)
     try:
-        resolved = _real(os.path.normpath(expanded))
+        resolved = os.path.realpath(os.path.normpath(expanded))
     except (OSError, RuntimeError, ValueError):
         raise _invalid(messages.CWD_INVALID) from None
-    if len(os.fsencode(resolved)) > MAX_CWD_BYTES or len(resolved.parts) > MAX_CWD_DEPTH + 1:
+    names = [name for name in resolved.split("/") if name]
+    if len(os.fsencode(resolved)) > MAX_CWD_BYTES or len(names) > MAX_CWD_DEPTH:
         raise _invalid(messages.CWD_INVALID)
-    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in resolved.parts):
+    if any(len(os.fsencode(name)) > MAX_NAME_BYTES for name in names):
         raise _invalid(messages.CWD_INVALID)  # refused here, not after creating its parents
-    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+    if not any(_within(resolved, str(root)) for root in roots):
         raise _invalid(messages.CWD_OUTSIDE_ROOTS)
-    if any(_overlaps(resolved, path) for path in reserved):
-        raise _invalid(messages.CWD_STATE_DIR)
-    try:
-        # A symlink left in the resolved path could not be followed (a loop, say), and
-        # Python versions differ on raising for it: refuse it here, uniformly.
-        if any(p.is_symlink() for p in (resolved, *resolved.parents)):
-            raise _invalid(messages.CWD_INVALID)
-        # The workspace, or the nearest ancestor that exists, must be a directory: a path
-        # under a regular file could never be created.
-        existing = next(p for p in (resolved, *resolved.parents) if p.exists())
-        if not existing.is_dir():
-            raise _invalid(messages.CWD_NOT_DIRECTORY)
-    except OSError:
-        raise _invalid(messages.CWD_INVALID) from None
-    return resolved
+    for path in reserved:
+        own = str(path)
+        if _within(resolved, own) or _within(own, resolved):
+            raise _invalid(messages.CWD_STATE_DIR)
+    # A symlink left in the resolved path could not be followed (a loop, say), and Python
+    # versions differ on raising for it: refuse it here, uniformly. The workspace, or the
+    # nearest ancestor that exists, must be a directory: a path under a regular file could
+    # never be created.
+    nearest: int | None = None  # the mode of the nearest existing one
+    current = resolved
+    while True:
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError as exc:
+            if exc.errno not in _ABSENT:
+                raise _invalid(messages.CWD_INVALID) from None
+        else:
+            if stat.S_ISLNK(mode):
+                raise _invalid(messages.CWD_INVALID)
+            if nearest is None:
+                nearest = mode
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    if nearest is None or not stat.S_ISDIR(nearest):
+        raise _invalid(messages.CWD_NOT_DIRECTORY)
+    return Path(resolved)
 
 
 class Workspaces:

@@ -323,3 +323,31 @@ def test_paths_too_deep_or_too_long_are_refused_before_anything_is_made(root: Pa
         refused(str(root) + suffix, [root], messages.CWD_INVALID)
     assert snapshot(root) == set()
     assert resolve_workspace(str(root) + "/d" * 100, [root]) == Path(str(root) + "/d" * 100)
+
+
+def test_the_string_containment_check_agrees_with_pathlib() -> None:
+    """``_within`` (strings, on the way to every RUN_STARTED) against ``PurePath.is_relative_to``."""
+    from pathlib import PurePosixPath
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from agui_adapter.state.workspace import _within
+
+    names = st.sampled_from(["a", "b", "ab", "a.b", "b a", "é", "..a", "a-"])
+    paths = st.lists(names, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+    @settings(max_examples=400, deadline=None)
+    @given(paths, paths)
+    def agree(path: str, root: str) -> None:
+        assert _within(path, root) == PurePosixPath(path).is_relative_to(PurePosixPath(root))
+
+    agree()
+
+
+def test_a_component_that_is_a_file_or_a_dangling_link_is_refused(root: Path) -> None:
+    (root / "file").write_text("x")
+    refused(str(root / "file" / "ws"), [root], messages.CWD_NOT_DIRECTORY)
+    refused(str(root / "file"), [root], messages.CWD_NOT_DIRECTORY)
+    (root / "loop").symlink_to(root / "loop")
+    refused(str(root / "loop" / "ws"), [root], messages.CWD_INVALID)
