@@ -24,6 +24,7 @@ class RunJournal:
         self.run_id = run_id
         self.writer: JournalWriter | None = None
         self.terminal_encoded = False  # the chunk with the terminal event was encoded: the journal ends with it
+        self._journals: JournalStore | None = None  # until it asked for the next spare journal
 
     def open(self, journals: JournalStore, thread_id: str, machine: Any) -> None:
         props = machine.run_input.props
@@ -40,11 +41,15 @@ class RunJournal:
         }
         try:
             self.writer = journals.open_writer(thread_id, self.run_id, meta)
+            self._journals = journals
         except OSError as exc:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
 
     def append(self, chunk: bytes, first_id: int, translator: Any) -> None:
         """A chunk the run wrote, its first event numbered ``first_id``."""
+        if first_id > 1 and self._journals is not None:  # past RUN_STARTED: the next run's journal
+            self._journals.replenish()
+            self._journals = None
         journal = self.writer
         if journal is None:
             return

@@ -38,8 +38,9 @@ Layout, per run: ``<state>/journal/<thread key>/<run key>/``
 
 A journal is made under a temporary name (``.new-…``) and renamed into place once its writer
 holds it. One is made ahead of need, in ``<state>/journal/Spares/`` (no thread key has capital
-letters), by a thread of its own after each run took the last: a run renames it into place
-instead of making its files between its request and ``RUN_STARTED``.
+letters), by a thread of its own: a run renames it into place instead of making its files
+between its request and ``RUN_STARTED``, and asks for the next one (``replenish``) once it is
+past its start, so that the maker's file-system calls do not compete with it until then.
 
 Journals live for ``replay_retention_seconds`` after their run's last write
 (``JournalStore.sweep``, from a daemon thread in each process). They hold only events,
@@ -257,6 +258,7 @@ class JournalStore:
         self._spare: tuple[Path, JournalWriter] | None = None  # a journal made ahead of need
         self._spare_wanted = threading.Condition()
         self._spare_maker: threading.Thread | None = None
+        self._wanted = False  # a spare was asked for and is not made yet
 
     def run_dir(self, thread_id: str, run_id: str) -> Path:
         return self.root / thread_key(thread_id) / thread_key(run_id)
@@ -306,22 +308,37 @@ class JournalStore:
             raise
 
     def _take_spare(self) -> tuple[Path, JournalWriter] | None:
-        """The journal made ahead of need, if one is ready; another is asked for."""
+        """The journal made ahead of need, if one is ready. When there was none, another is
+        asked for at once; when there was, its run asks for the next one (``replenish``) once
+        it is past its start, so that the maker does not compete with it on its way to its
+        first events."""
         with self._spare_wanted:
             spare, self._spare = self._spare, None
-            if self._spare_maker is None:
-                self._spare_maker = threading.Thread(target=self._make_spares, name="journal-spare", daemon=True)
-                self._spare_maker.start()
-            self._spare_wanted.notify()
+            if spare is None:
+                self._ask_for_spare()
         return spare
+
+    def replenish(self) -> None:
+        """Have the next journal made ahead of need, if none is ready or being made."""
+        with self._spare_wanted:
+            if self._spare is None:
+                self._ask_for_spare()
+
+    def _ask_for_spare(self) -> None:  # holding ``_spare_wanted``
+        self._wanted = True
+        if self._spare_maker is None:
+            self._spare_maker = threading.Thread(target=self._make_spares, name="journal-spare", daemon=True)
+            self._spare_maker.start()
+        self._spare_wanted.notify()
 
     def _make_spares(self) -> None:
         """The spare maker's thread: one journal ready at a time, in ``Spares`` under the
         root, its ``run.json`` already there (written, not created, when it is taken)."""
         while True:
             with self._spare_wanted:
-                while self._spare is not None:
+                while not self._wanted:
                     self._spare_wanted.wait()
+                self._wanted = False
             try:
                 parent = self.root / _SPARES
                 self._make_thread_dir(parent)

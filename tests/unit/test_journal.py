@@ -253,8 +253,41 @@ def test_a_journal_made_ahead_of_need_is_taken_by_the_next_run_whole(store: Jour
     second.append(chunk(1, 2), 3)
     second.end()
     assert ids(store.open_reader("t", "r2", 0).read()) == [1, 2]
+    # the run that took the spare asks for the next one once past its start, not while it starts
+    assert not store._wanted and store._spare is None
+    store.replenish()
     wait_for(lambda: len(spare_dirs(store)) == 1 and store._spare is not None, 10)  # the next one
+    store.replenish()  # one is ready: nothing more is made
+    assert not store._wanted
     first.end()
+
+
+def test_a_run_asks_for_the_next_spare_once_past_run_started(store: JournalStore) -> None:
+    from agui_adapter.run.run_journal import RunJournal
+    from tests.support.flow import wait_for
+
+    store.open_writer("t", "r0").end()  # made on the spot: a spare is asked for at once
+    wait_for(lambda: store._spare is not None, 10)
+
+    class Props:
+        ros_invocation_id = preferred_language = run_mode = pipeline_name = None
+
+    class Machine:
+        run_input = type("RunInput", (), {"props": Props(), "parent_run_id": None})()
+        mode = type("Mode", (), {"value": "turn"})()
+        language = "en"
+
+    class Translator:
+        pipeline_seen = False
+
+    journal = RunJournal("r1")
+    journal.open(store, "t", Machine())  # takes the spare
+    assert store._spare is None
+    journal.append(chunk(1, 1), 1, Translator())  # RUN_STARTED: still starting
+    assert not store._wanted and store._spare is None
+    journal.append(chunk(2, 3), 2, Translator())  # its first events after RUN_STARTED
+    wait_for(lambda: store._spare is not None, 10)
+    journal.end()
 
 
 def test_no_thread_id_names_the_spares_directory() -> None:
@@ -273,6 +306,7 @@ def test_without_room_for_a_spare_runs_make_their_own_and_the_maker_tries_again(
     assert store._spare is None
     second = store.open_writer("t", "r2")  # made on the spot, whole
     assert store.readers("t", "r2") == 1 and (store.run_dir("t", "r2") / "000000000001.sse").exists()
+    wait_for(lambda: store._spare_maker is None, 10)  # the maker it asked for gave up too
     (store.root / "Spares").unlink()
     third = store.open_writer("t", "r3")  # the next run asks again
     wait_for(lambda: store._spare is not None and len(spare_dirs(store)) == 1, 10)
