@@ -60,10 +60,13 @@ def test_work_given_while_every_thread_is_busy_gets_a_thread_of_its_own() -> Non
 
 
 def test_no_more_than_max_idle_threads_wait_and_an_idle_thread_ends() -> None:
-    threads = WarmThreads(idle_seconds=0.2, max_idle=1, name="test")
+    # its own threads counted by name: other tests' threads come and go meanwhile
+    threads = WarmThreads(idle_seconds=1.0, max_idle=1, name="test-max-idle")  # long enough to see one wait
     release = threading.Event()
     finished = threading.Semaphore(0)
-    before = threading.active_count()
+
+    def alive() -> int:
+        return sum(1 for thread in threading.enumerate() if thread.name == "test-max-idle")
 
     def work() -> None:
         release.wait(WAIT)
@@ -71,11 +74,11 @@ def test_no_more_than_max_idle_threads_wait_and_an_idle_thread_ends() -> None:
 
     threads.run(work)
     threads.run(work)
-    assert wait_for(lambda: threading.active_count() == before + 2)
+    assert wait_for(lambda: alive() == 2)
     release.set()
     assert finished.acquire(timeout=WAIT) and finished.acquire(timeout=WAIT)
-    assert wait_for(lambda: threads.idle() == 1 and threading.active_count() == before + 1)
-    assert wait_for(lambda: threads.idle() == 0 and threading.active_count() == before)
+    assert wait_for(lambda: threads.idle() == 1 and alive() == 1)
+    assert wait_for(lambda: threads.idle() == 0 and alive() == 0, 2 * WAIT)
 
 
 def test_a_failing_work_does_not_cost_the_thread() -> None:
