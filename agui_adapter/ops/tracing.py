@@ -333,4 +333,3 @@ def _configure_sdk(env: Mapping[str, str]) -> None:
     trace.set_tracer_provider(provider)
     _configured = True
     log.info("OpenTelemetry tracing on (exporters: %s)", ", ".join(names))
-

@@ -140,9 +140,7 @@ class DecodeBudget:
             while self._used + cost > self._capacity:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
-                    log.warning(
-                        "image refused: %d of %d pixels already being decoded", self._used, self._capacity
-                    )
+                    log.warning("image refused: %d of %d pixels already being decoded", self._used, self._capacity)
                     raise AguiError(
                         Code.SERVER_BUSY,
                         msg.IMAGE_DECODE_BUSY,

@@ -110,9 +110,7 @@ def post(url: str, data: bytes) -> requests.Response:
     return requests.post(url, data=data, headers=headers, timeout=300)
 
 
-def test_six_worst_case_images_at_once_stay_within_the_documented_bounds(
-    adapter_process: Any, workspace: Path
-) -> None:
+def test_six_worst_case_images_at_once_stay_within_the_documented_bounds(adapter_process: Any, workspace: Path) -> None:
     adapter = adapter_process()
     memory = Memory(adapter.proc.pid)
     png = worst_case_png()

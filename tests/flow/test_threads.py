@@ -231,10 +231,17 @@ def test_messages_after_several_turns_with_tool_calls_match_the_streams(
     users = [m for m in messages if m["role"] == "user"]
     assert [m["content"] for m in users] == [b["messages"][0]["content"] for b in bodies if b["messages"]]
     assert [m["role"] for m in messages] == [
-        "user", "assistant",  # [THINK]: the thinking is not a message
-        "user", "assistant", "tool",  # [TOOL]: the run's text (before and after) + tool call, result
-        "user", "assistant", "tool", "assistant",  # [WRITE]: text + tool call; the Resume's result, text
-        "user", "assistant",  # [RECALL]
+        "user",
+        "assistant",  # [THINK]: the thinking is not a message
+        "user",
+        "assistant",
+        "tool",  # [TOOL]: the run's text (before and after) + tool call, result
+        "user",
+        "assistant",
+        "tool",
+        "assistant",  # [WRITE]: text + tool call; the Resume's result, text
+        "user",
+        "assistant",  # [RECALL]
     ]
     seen = streamed([r.events for r in results])
     for message in messages:

@@ -50,8 +50,12 @@ def main(out: Path) -> None:
             first = run_body("[WRITE] write it <history>", thread_id=thread, cwd=cwd, ros="inv-h2")
             interrupted = play(first)
             interrupt = interrupted.terminal["outcome"]["interrupts"][0]
-            play(resume(first, [{"interruptId": interrupt["id"], "status": "resolved",
-                                 "payload": {"decision": "allow_once"}}]))
+            play(
+                resume(
+                    first,
+                    [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "allow_once"}}],
+                )
+            )
             play(run_body("[RECALL] how many? <history>", thread_id=thread, cwd=cwd, ros="inv-h3"))
             (out / "agui-streams.json").write_text(json.dumps(streams, indent=1, ensure_ascii=False) + "\n")
 
@@ -59,10 +63,12 @@ def main(out: Path) -> None:
             answers: dict[str, Any] = {}
             for task_id in tasks:
                 answers[f"GetTask {task_id} historyLength=100"] = kernel.rpc(
-                    "GetTask", {"id": task_id, "historyLength": 100})
+                    "GetTask", {"id": task_id, "historyLength": 100}
+                )
                 answers[f"GetTask {task_id}"] = kernel.rpc("GetTask", {"id": task_id})
             answers["ListTasks historyLength=100 includeArtifacts"] = kernel.rpc(
-                "ListTasks", {"contextId": context_id, "historyLength": 100, "includeArtifacts": True, "pageSize": 50})
+                "ListTasks", {"contextId": context_id, "historyLength": 100, "includeArtifacts": True, "pageSize": 50}
+            )
             last = answers[f"GetTask {tasks[-1]} historyLength=100"]["result"]
             execution_id = last["metadata"]["iac_code"]["executionControl"]["executionId"]
             first = answers[f"GetTask {tasks[0]} historyLength=100"]

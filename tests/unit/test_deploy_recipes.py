@@ -89,8 +89,15 @@ def test_the_routes_of_a_thread_need_its_header() -> None:
     assert bound("POST", "/extensions/iac-code/v1/executions/ex-1/cancel")
     for method, path in (("GET", "/threads/t1"), ("GET", "/threads/t1/messages"), ("GET", "/threads/t/runs/r/events")):
         assert bound(method, path), path
-    for method, path in (("GET", "/"), ("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics"),
-                         ("GET", "/agui-adapter-client.mjs"), ("OPTIONS", "/"), ("OPTIONS", "/threads/t1")):
+    for method, path in (
+        ("GET", "/"),
+        ("GET", "/health"),
+        ("GET", "/ready"),
+        ("GET", "/metrics"),
+        ("GET", "/agui-adapter-client.mjs"),
+        ("OPTIONS", "/"),
+        ("OPTIONS", "/threads/t1"),
+    ):
         assert not bound(method, path), (method, path)
     assert re.search(r'map "\$agui_thread_bound:\$http_x_agui_thread_id" \$agui_thread_header_missing', text)
-    assert "if ($agui_thread_header_missing)" in text and "return 400 '{\"error\":{\"code\":\"INVALID_INPUT\"" in text
+    assert "if ($agui_thread_header_missing)" in text and 'return 400 \'{"error":{"code":"INVALID_INPUT"' in text

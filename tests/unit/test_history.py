@@ -112,7 +112,10 @@ def test_thinking_only_and_odd_entries_are_left_out() -> None:
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"}]},
         "not a message",
         {"role": "assistant", "content": "plain"},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [{"type": "text", "text": "r"}]}]},  # noqa: E501
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [{"type": "text", "text": "r"}]}],
+        },  # noqa: E501
     ]
     messages = history.agui_messages(conversation, [])
     assert messages == [
