@@ -134,19 +134,20 @@ def test_one_scrape_gives_the_totals_of_all_gunicorn_workers(tmp_path: Path, scr
         assert len(results) == 6
         events = sum(len(r) for r in results)
 
-        # every run's summary line (written once its body is closed: it has left the live runs)
+        # every run's summary line (written once its body is closed: it has left the live runs),
+        # and its access line (the app's, under gunicorn too: written just after, once it ended)
         deadline = time.monotonic() + 10
         summaries: list[dict[str, Any]] = []
-        while len(summaries) < 6 and time.monotonic() < deadline:
+        streams: list[dict[str, Any]] = []
+        while (len(summaries) < 6 or len(streams) < 6) and time.monotonic() < deadline:
             lines = [x for x in log_path.read_text(errors="replace").splitlines() if x.startswith("{")]
-            summaries = [e for e in map(json.loads, lines) if e.get("outcome") == "success"]
+            entries = [json.loads(x) for x in lines]
+            summaries = [e for e in entries if e.get("outcome") == "success"]
+            streams = [e for e in entries if e["logger"] == "agui_adapter.access" and e.get("route") == "run"]
             time.sleep(0.1)
         assert len(summaries) == 6, log_path.read_text()[-3000:]
         pids = {e["pid"] for e in summaries}
         assert len(pids) == 2, f"the runs did not spread over both workers\n{log_path.read_text()[-3000:]}"
-        # the access log is the app's: under gunicorn too, one line per stream once it ended
-        entries = [json.loads(x) for x in log_path.read_text(errors="replace").splitlines() if x.startswith("{")]
-        streams = [e for e in entries if e["logger"] == "agui_adapter.access" and e.get("route") == "run"]
         assert len(streams) == 6 and all(e["status"] == 200 and e["bytes_sent"] > 0 for e in streams), streams
         assert {(e["thread_id"], e["run_id"]) for e in streams} == {(e["thread_id"], e["run_id"]) for e in summaries}
 

@@ -12,6 +12,7 @@ import requests
 
 from agui_adapter.kernel_client.launch import KernelProcess, free_port
 from tests.support.agui_client import Client, run_body
+from tests.support.flow import wait_for
 from tests.support.servers import InProcessAdapter
 
 GENERATED = re.compile(r"[0-9a-f]{32}")
@@ -53,13 +54,16 @@ def test_log_lines_carry_the_request_id(caplog: pytest.LogCaptureFixture, client
     caplog.set_level(logging.INFO)
     result = client.run(run_body(cwd=str(workspace)), headers={"X-Request-ID": "rid-stream-1"})
     assert result.status == 200
+    # admitted on the request, ended while the server iterated the body; the access line comes
+    # when the server closes the body, which may be just after the client has the last byte
+    wait_for(lambda: any(r.name == "agui_adapter.access" for r in records_of(caplog, "rid-stream-1")))
     lines = records_of(caplog, "rid-stream-1")
-    # admitted on the request, ended while the server iterated the body
     assert any("admitted" in r.getMessage() for r in lines)
     assert any(r.name == "agui_adapter.run" for r in lines)
     assert all(r.getMessage().endswith("[request rid-stream-1]") for r in lines)
     client.run(run_body(cwd="relative"), headers={"X-Request-ID": "rid-refused-1"})
-    assert any("refused" in r.getMessage() for r in records_of(caplog, "rid-refused-1"))
+    # a refusal served by a worker (its body came after its head) is logged after it is sent
+    wait_for(lambda: any("refused" in r.getMessage() for r in records_of(caplog, "rid-refused-1")))
     outside = [r for r in caplog.records if r.name.startswith("agui_adapter") and r.request_id == "-"]
     assert not outside, [r.getMessage() for r in outside]
 
