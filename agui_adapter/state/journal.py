@@ -259,6 +259,7 @@ class JournalStore:
         self._spare_wanted = threading.Condition()
         self._spare_maker: threading.Thread | None = None
         self._wanted = False  # a spare was asked for and is not made yet
+        self._making = False  # the maker is making one (a second ask would leave the first behind)
 
     def run_dir(self, thread_id: str, run_id: str) -> Path:
         return self.root / thread_key(thread_id) / thread_key(run_id)
@@ -325,6 +326,8 @@ class JournalStore:
                 self._ask_for_spare()
 
     def _ask_for_spare(self) -> None:  # holding ``_spare_wanted``
+        if self._making:  # the one being made is the next spare
+            return
         self._wanted = True
         if self._spare_maker is None:
             self._spare_maker = threading.Thread(target=self._make_spares, name="journal-spare", daemon=True)
@@ -339,6 +342,7 @@ class JournalStore:
                 while not self._wanted:
                     self._spare_wanted.wait()
                 self._wanted = False
+                self._making = True
             try:
                 parent = self.root / _SPARES
                 self._make_thread_dir(parent)
@@ -348,9 +352,11 @@ class JournalStore:
                 log.warning("could not make a journal ahead of need: %s", exc)
                 with self._spare_wanted:
                     self._spare_maker = None
+                    self._making = False
                 return
             with self._spare_wanted:
                 self._spare = (fresh, writer)
+                self._making = False
 
     def _make_thread_dir(self, directory: Path) -> None:
         """The thread's journal directory, and the root's mode set to 0700 when the root is

@@ -290,6 +290,33 @@ def test_a_run_asks_for_the_next_spare_once_past_run_started(store: JournalStore
     journal.end()
 
 
+def test_a_spare_asked_for_while_one_is_being_made_is_that_one(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that made its own journal (none was ready) asks for the next one past its start,
+    while the maker may still be making the one the run asked for first: one spare, not two
+    with the first left behind (a held, never-taken directory)."""
+    import threading
+
+    from tests.support.flow import wait_for
+
+    release = threading.Event()
+    make_fresh = store._make_fresh
+
+    def slow_make_fresh(parent: Path) -> tuple[Path, object]:
+        assert release.wait(10)
+        return make_fresh(parent)
+
+    monkeypatch.setattr(store, "_make_fresh", slow_make_fresh)
+    assert store._take_spare() is None  # none ready: one is asked for, and is being made
+    wait_for(lambda: store._making, 10)
+    store.replenish()  # the run, past its start
+    release.set()
+    wait_for(lambda: store._spare is not None, 10)
+    wait_for(lambda: not store._making and not store._wanted, 10)
+    assert len(spare_dirs(store)) == 1
+
+
 def test_no_thread_id_names_the_spares_directory() -> None:
     from agui_adapter.state.store import thread_key
 
