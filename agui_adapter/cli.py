@@ -67,6 +67,8 @@ def build_app(
     period, fake ones in tests."""
     client = KernelClient(kernel.url, kernel.token or None)
     store = ThreadStore(settings.resolved_state_dir())
+    store.recover()  # before anything reads a record: what a power cut took from a dead process
+    store.use_log()
     metrics = Metrics.for_environment(kernel_health=lambda: client.health(timeout=2.0))
     tracing = tracing if tracing is not None else from_environment()
     client.calls = KernelCalls(metrics, tracing)

@@ -216,6 +216,8 @@ class ThreadRecord:
     terminal_executions: dict[str, str] = field(default_factory=dict)
     # the last MAX_RUNS runs, oldest first (``RunEntry``): ids, times, outcomes; never text
     runs: list[RunEntry] = field(default_factory=list)
+    # how many times it was saved: which of two copies is newer (``record_log`` recovery)
+    revision: int = 0
 
     def remember_run(self, run_id: str, digest: str) -> None:
         self.run_digests.remember(run_id, digest, MAX_RUN_DIGESTS)
@@ -264,6 +266,7 @@ class ThreadRecord:
             "appliedAnswers": self.applied_answers,
             "terminalExecutions": self.terminal_executions,
             "runs": [entry.to_json() for entry in self.runs],
+            "revision": self.revision,
         }
 
     @classmethod
@@ -284,11 +287,17 @@ class ThreadRecord:
                 applied_answers=[dict(a) for a in data.get("appliedAnswers") or []],
                 terminal_executions={str(k): str(v) for k, v in (data.get("terminalExecutions") or {}).items()},
                 runs=[RunEntry.from_json(entry) for entry in data.get("runs") or []],
+                revision=_revision(data.get("revision")),
             )
         except RecordError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"malformed state file: {exc.__class__.__name__}") from exc
+
+
+def _revision(value: Any) -> int:
+    """A record's revision; 0 for a state file written before records had one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _req_str(value: Any) -> str:

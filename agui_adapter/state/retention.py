@@ -76,6 +76,8 @@ def prune(store: ThreadStore, max_age_seconds: float, *, now: float | None = Non
     cutoff = now - max_age_seconds
     report = PruneReport()
     try:
+        # a dead process's record log read first: a thread deleted now must not come back from it
+        store.recover()
         keys = store.thread_keys()
     except StoreError as exc:
         log.warning("retention: %s", exc)

@@ -2,8 +2,12 @@
 
 ``<state-dir>/threads/<key>.json`` holds the thread's ``ThreadRecord`` (see ``record``).
 Files are read lazily, on the first request that names the thread, and replaced
-atomically (temp file, fsync, rename, directory fsync); they are 0600 in 0700
-directories and never hold a secret.
+atomically (temp file, rename); they are 0600 in 0700 directories and never hold a secret.
+A durable save is on disk when it returns: the classic way (the temp file fsynced before
+the rename, the directory after it), or, once ``use_log`` gave the store this process's
+``record_log``, by the same bytes appended to that log and synced there (one in-place
+``fdatasync`` instead of two commits of the file system's journal). ``recover`` writes
+back, the classic way, what a dead process's log holds and its records lost.
 
 Two kinds of lock, both OS file locks so that they hold across processes sharing
 the directory (gunicorn workers) and vanish with a crashed process:
@@ -30,6 +34,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -39,7 +44,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agui_adapter.state import record_log
 from agui_adapter.state.record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
+from agui_adapter.state.record_log import RecordLog
 
 __all__ = [
     "Execution",
@@ -50,6 +57,8 @@ __all__ = [
     "ThreadStore",
     "thread_key",
 ]
+
+log = logging.getLogger("agui_adapter.state.store")
 
 _SAFE_KEY = re.compile(r"^[a-z0-9_.-]{1,100}$")
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
@@ -104,6 +113,59 @@ class ThreadStore:
         self._ready = False
         #: Told how long each successful write took, and whether it was durable (metrics, tracing).
         self.on_write: Callable[[float, bool], None] | None = None
+        #: This process's record log (``use_log``), None for the classic durable writes only.
+        self.log: RecordLog | None = None
+
+    def use_log(self) -> None:
+        """Make durable saves through a record log of this process (``record_log``), its files
+        made now on a thread of its own; one store per process and state directory should,
+        the one that serves the runs."""
+        if self.log is None:
+            self.log = RecordLog(self.root / record_log.DIRECTORY, self.threads_dir, sweep=self._recover_quietly)
+            self.log.start()
+
+    def _recover_quietly(self) -> None:
+        """``recover`` on the log's thread: a failure is told, and tried again next time."""
+        try:
+            self.recover()
+        except StoreError as exc:
+            log.warning("state: the record logs of dead processes could not be read: %s", exc)
+
+    def recover(self) -> int:
+        """Write back what the logs of dead processes hold and the records lost (a power cut
+        after a durable save); how many records were written back. Each log is deleted once
+        read; a live process's log is left alone."""
+        restored = 0
+        try:
+            # each log is deleted when the next is asked for: once its records are written back
+            for _path, entries in record_log.orphaned_entries(self.root / record_log.DIRECTORY):
+                restored += self._write_back(entries)
+        except OSError as exc:
+            raise StoreError(f"cannot read the record logs: {exc.strerror}") from exc
+        if restored:
+            log.warning("state: %d thread record(s) written back from a dead process's record log", restored)
+        return restored
+
+    def _write_back(self, entries: list[bytes]) -> int:
+        """Each thread's newest entry to its file, the classic durable way, where the file is
+        missing, unreadable or older; how many were written."""
+        newest: dict[str, tuple[int, bytes]] = {}
+        for payload in entries:
+            named = record_log.entry_thread(payload)
+            if named is not None and named[1] >= newest.get(named[0], (-1, b""))[0]:
+                newest[named[0]] = (named[1], payload)
+        written = 0
+        for thread_id, (revision, payload) in newest.items():
+            with self.locked(thread_id):
+                try:
+                    current = self.load(thread_id)
+                except StoreError:
+                    current = None  # unreadable: the log's copy is the one to keep
+                if current is None or current.revision < revision:
+                    self._ensure_dirs()
+                    self._replace(self.path_for(thread_id), payload, sync=True)
+                    written += 1
+        return written
 
     def _ensure_dirs(self) -> None:
         if self._ready:
@@ -216,10 +278,14 @@ class ThreadStore:
             raise StoreError("the thread state is not valid JSON") from exc
 
     def save(self, record: ThreadRecord, *, durable: bool = True) -> None:
-        """Replace the record atomically; ``durable`` also syncs it to disk (it then
-        survives a crash of the machine, not only of the process)."""
+        """Replace the record atomically, its ``revision`` one up; ``durable`` also has it on
+        disk when this returns (it then survives a crash of the machine, not only of the
+        process): through the record log when there is one and it takes the write (the
+        entry synced once the temporary file is written, before the rename), else the
+        classic way."""
         self._ensure_dirs()
         path = self.path_for(record.thread_id)
+        record.revision += 1
         # compact: the indenting encoder is pure Python, and a record holds its last 50 runs
         payload = (
             json.dumps(
@@ -227,9 +293,20 @@ class ThreadStore:
             ).encode("utf-8")
             + b"\n"
         )
+        started = time.perf_counter()
+        the_log = self.log if durable else None
+        self._replace(path, payload, sync=durable, log=the_log)
+        if self.on_write is not None:
+            self.on_write(time.perf_counter() - started, durable)
+
+    def _replace(self, path: Path, payload: bytes, *, sync: bool, log: RecordLog | None = None) -> None:
+        """``payload`` atomically at ``path`` (temp file, rename); ``sync``: on disk when this
+        returns, in ``log`` when it takes the entry, else the classic way (the temp file
+        fsynced before the rename, the directory after). Nothing is logged for a temp file
+        that could not be written."""
         tmp_path = self.threads_dir / f".{path.name}.{os.urandom(8).hex()}.tmp"
         tmp_made = False
-        started = time.perf_counter()
+        logged = None
         try:
             # mkstemp's job in one call: a random name, created exclusively
             fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -239,20 +316,21 @@ class ThreadStore:
                 view = memoryview(payload)
                 while view:
                     view = view[os.write(fd, view) :]
-                if durable:
+                if log is not None:
+                    logged = log.append(payload, path)
+                if sync and logged is None:
                     os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp_path, path)
             tmp_made = False
-            if durable:
+            if sync and logged is None:
                 self._sync_directory()
         except OSError as exc:
             raise StoreError(f"cannot write the thread state: {exc.strerror}") from exc
-        else:
-            if self.on_write is not None:
-                self.on_write(time.perf_counter() - started, durable)
         finally:
+            if logged is not None:
+                log.written(logged)  # type: ignore[union-attr]
             if tmp_made:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp_path)

@@ -183,6 +183,31 @@ def test_kill_9_at_each_write_then_the_next_turn(
     assert outcome(following) == "success", following.terminal
 
 
+def test_an_interrupt_a_power_cut_took_from_the_records_comes_back_from_the_record_log(
+    demo: Callable[[], AdapterProcess], tmp_path: Path
+) -> None:
+    adapter = demo()
+    body = run_body("[WRITE] make a file", cwd=str(tmp_path / "ws"))
+    events = read_until(adapter.url, body, has("RUN_FINISHED"))
+    [interrupt] = events[-1]["outcome"]["interrupts"]
+    assert adapter.proc is not None
+    dead = str(adapter.proc.pid)
+    adapter.kill()
+    # The interrupt was announced once on disk: in the record log, synced in place, while the
+    # record file was renamed into place unsynced. A power cut may lose that file; say it did.
+    [record_file] = (tmp_path / "state" / "threads").glob("*.json")
+    record_file.unlink()
+    assert list((tmp_path / "state" / "record-log").glob("*.log"))
+    adapter = demo()
+    shown = requests.get(f"{adapter.url}threads/{body['threadId']}", timeout=10)
+    assert shown.status_code == 200, shown.text
+    thread = shown.json()
+    assert [run["runId"] for run in thread["runs"]] == [body["runId"]]
+    assert [p["id"] for p in thread["pendingInterrupts"]] == [interrupt["id"]]
+    owners = {path.name.split("-")[0] for path in (tmp_path / "state" / "record-log").glob("*.log")}
+    assert dead not in owners  # the dead process's log was read, then deleted
+
+
 # ====================================================================== a kernel that outlives the adapter
 def test_a_task_left_running_by_a_dead_adapter_is_adopted_and_the_cancel_extension_frees_the_thread(
     adapter_process: Any, scripted_kernel: Any, tmp_path: Path

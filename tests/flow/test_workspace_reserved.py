@@ -21,6 +21,7 @@ from agui_adapter.protocol import catalog as messages
 from agui_adapter.protocol import i18n
 from agui_adapter.protocol.errors import AguiError
 from agui_adapter.state.workspace import resolve_workspace
+from tests.support.flow import wait_for
 
 
 @pytest.fixture
@@ -122,6 +123,7 @@ def test_post_with_the_state_dir_as_cwd_is_refused(
     adapter = make_adapter()  # state dir tmp_path/state, allowed root tmp_path
     state = Path(adapter.settings.state_dir).resolve()
     cwd = {"state": state, "child": state / "threads" / "ws", "parent": state.parent}[where]
+    wait_for(lambda: adapter.app.engine.store.log.ready)  # its files are made as the process starts
     before = _tree(tmp_path)
     response = requests.post(
         adapter.url,
