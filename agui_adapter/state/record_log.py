@@ -118,6 +118,8 @@ class _LogFile:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
+        # closed (its lock released) when the log is dropped; a dead process's file then
+        self._closer = weakref.finalize(self, _close_quietly, self.fd)
 
     def reset(self) -> None:
         """A new epoch: the entries written so far no longer count."""
@@ -129,7 +131,12 @@ class _LogFile:
         self.paths = set()
 
     def close(self) -> None:
-        os.close(self.fd)
+        self._closer()
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 class RecordLog:
@@ -163,8 +170,7 @@ class RecordLog:
         its own; it makes its files on its first append."""
         for held in (self._active, self._standby):
             if held is not None:
-                with contextlib.suppress(OSError):
-                    os.close(held.fd)  # the parent's descriptions, and their locks, stay the parent's
+                held.close()  # the parent's descriptions, and their locks, stay the parent's
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._active = self._standby = None
@@ -184,7 +190,7 @@ class RecordLog:
 
     def _start(self) -> None:  # holding the lock
         if self._thread is None and not self._off:
-            self._thread = threading.Thread(target=self._work, name="record-log", daemon=True)
+            self._thread = threading.Thread(target=_work, args=(weakref.ref(self),), name="record-log", daemon=True)
             self._thread.start()
 
     # --- the store's side -----------------------------------------------------------
@@ -239,43 +245,39 @@ class RecordLog:
         return self._active
 
     # --- the log's thread -------------------------------------------------------------
-    def _work(self) -> None:
-        try:
-            self._make_files()
-        except OSError as exc:
-            log.warning("could not make the record log (%s): thread records are written the classic way", exc)
-            with self._lock:
-                self._off = True
-            return
-        swept = self._clock()
-        while True:
-            old = None
-            with self._lock:
-                active = self._active
-                assert active is not None
-                if not self._dirty:
-                    if active.first_at is not None and self._clock() - active.first_at >= ROTATE_SECONDS:
-                        self._rotate()
-                    else:
-                        self._wake.wait(ROTATE_SECONDS / 2)
-                if self._dirty:
-                    old = self._standby
-                    assert old is not None
-                    while old.writing:  # its entries' records are being written: after them
-                        self._wake.wait()
-            if old is not None:
-                try:
-                    self._checkpoint(old)
-                except OSError as exc:
-                    log.warning("the record log could not be checkpointed (%s): classic writes from now on", exc)
-                    with self._lock:
-                        self._off = True
-                    return
+    # --- the log's thread (``_work``) ---------------------------------------------------
+    def _step(self, swept: float) -> float | None:
+        """One turn of the log's thread: rotate an old file, checkpoint the standby when it
+        is due, sweep when ``swept`` is ``ROTATE_SECONDS`` old; when it swept last, or None
+        when the log is off."""
+        old = None
+        with self._lock:
+            active = self._active
+            assert active is not None
+            if not self._dirty:
+                if active.first_at is not None and self._clock() - active.first_at >= ROTATE_SECONDS:
+                    self._rotate()
+                else:
+                    self._wake.wait(ROTATE_SECONDS / 2)
+            if self._dirty:
+                old = self._standby
+                assert old is not None
+                while old.writing:  # its entries' records are being written: after them
+                    self._wake.wait()
+        if old is not None:
+            try:
+                self._checkpoint(old)
+            except OSError as exc:
+                log.warning("the record log could not be checkpointed (%s): classic writes from now on", exc)
                 with self._lock:
-                    self._dirty = False
-            if self._sweep is not None and self._clock() - swept >= ROTATE_SECONDS:
-                swept = self._clock()
-                self._sweep()
+                    self._off = True
+                return None
+            with self._lock:
+                self._dirty = False
+        if self._sweep is not None and self._clock() - swept >= ROTATE_SECONDS:
+            swept = self._clock()
+            self._sweep()
+        return swept
 
     def _make_files(self) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -307,6 +309,30 @@ class RecordLog:
         if old.paths:
             _sync_directory(self.threads_dir)
         old.reset()
+
+
+def _work(ref: weakref.ReferenceType[RecordLog]) -> None:
+    """The log's thread: its files made, then turn after turn (``RecordLog._step``). It holds
+    the log only during a turn, and ends once nobody else holds it (an app built and dropped,
+    in tests or in an embedding process), its files then closed (``_LogFile`` finalizer)."""
+    the_log = ref()
+    if the_log is None:
+        return
+    try:
+        the_log._make_files()
+    except OSError as exc:
+        log.warning("could not make the record log (%s): thread records are written the classic way", exc)
+        with the_log._lock:
+            the_log._off = True
+        return
+    swept: float | None = the_log._clock()
+    del the_log
+    while swept is not None:
+        the_log = ref()
+        if the_log is None:
+            return
+        swept = the_log._step(swept)
+        del the_log
 
 
 _LOGS: weakref.WeakSet[RecordLog] = weakref.WeakSet()

@@ -39,6 +39,7 @@ import os
 import re
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,7 +122,14 @@ class ThreadStore:
         made now on a thread of its own; one store per process and state directory should,
         the one that serves the runs."""
         if self.log is None:
-            self.log = RecordLog(self.root / record_log.DIRECTORY, self.threads_dir, sweep=self._recover_quietly)
+            store = weakref.ref(self)  # the log's thread must not keep a dropped store alive
+
+            def sweep() -> None:
+                alive = store()
+                if alive is not None:
+                    alive._recover_quietly()
+
+            self.log = RecordLog(self.root / record_log.DIRECTORY, self.threads_dir, sweep=sweep)
             self.log.start()
 
     def _recover_quietly(self) -> None:
