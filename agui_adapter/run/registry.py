@@ -1,7 +1,8 @@
 """The process's live runs: every run whose body is open, each holding a run slot.
 
 The driver leaves the registry when its body is closed (``ended``, its ``RunServices.run_ended``),
-once however often that happens, and gives its slot back. The others ask it: which run of a
+once however often that happens, and gives its slot back; when the last live run leaves, the
+heap trimmer is told (``ops.heap``). The others ask it: which run of a
 thread is live here (``GET /threads/{threadId}``, the cancel extension, admission waiting
 for a run whose client just left) and which runs a shutdown ends.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from agui_adapter.ops.heap import HEAP, HeapTrimmer
 from agui_adapter.ops.idle import IdleWatch
 from agui_adapter.ops.metrics import Metrics
 from agui_adapter.run.driver import RunDriver
@@ -18,17 +20,21 @@ from agui_adapter.run.slots import RunSlots
 
 
 class LiveRuns:
-    def __init__(self, slots: RunSlots, metrics: Metrics, idle: IdleWatch) -> None:
+    def __init__(self, slots: RunSlots, metrics: Metrics, idle: IdleWatch, heap: HeapTrimmer = HEAP) -> None:
         self._slots = slots
         self._metrics = metrics
         self._idle = idle
+        self._heap = heap  # told when the last live run ends, and when runs start again
         self._live: set[RunDriver] = set()
         self._lock = threading.Lock()
 
     def opened(self, driver: RunDriver, *, adopted: bool = False) -> None:
         """A run's body is open (its slot already taken)."""
         with self._lock:
+            first = not self._live
             self._live.add(driver)
+        if first:
+            self._heap.busy()
         self._metrics.run_opened()
         if adopted:
             self._metrics.adopted()
@@ -38,10 +44,13 @@ class LiveRuns:
         with self._lock:
             live = driver in self._live
             self._live.discard(driver)
+            last = live and not self._live
         if live:  # once per run, however often its body is closed
             self._metrics.run_closed()
             self._slots.give()
             self._idle.touch()
+        if last:
+            self._heap.idle()  # the heaps are trimmed once it stays so for a second
 
     def holders(self, thread_id: str) -> list[RunDriver]:
         """The runs here that hold the thread's run lock."""

@@ -1,0 +1,58 @@
+"""The heap trimmer: the C heap is trimmed once the process stays idle, not after every run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from agui_adapter.ops.heap import HEAP, HeapTrimmer
+from tests.support.agui_client import run_body
+from tests.support.flow import wait_for
+
+
+def counting() -> tuple[HeapTrimmer, list[float]]:
+    trims: list[float] = []
+    return HeapTrimmer(quiet_seconds=0.2, trim=lambda: trims.append(time.monotonic())), trims
+
+
+def test_an_idle_spell_is_trimmed_once() -> None:
+    trimmer, trims = counting()
+    ended = time.monotonic()
+    trimmer.idle()
+    wait_for(lambda: trims)
+    assert trims[0] - ended >= 0.2  # after the quiet time, not at once
+    trimmer.idle()  # told again, still the same spell
+    time.sleep(0.5)
+    assert len(trims) == 1
+    trimmer.busy()
+    trimmer.idle()  # a new spell
+    wait_for(lambda: len(trims) == 2)
+
+
+def test_a_run_within_the_quiet_time_puts_the_trim_off() -> None:
+    trimmer, trims = counting()
+    for _ in range(6):  # runs one after the other, 0.1 s apart: never quiet for 0.2 s
+        trimmer.idle()
+        time.sleep(0.1)
+        trimmer.busy()
+    assert trims == []
+    trimmer.idle()
+    wait_for(lambda: trims)
+
+
+def test_a_busy_process_is_never_trimmed() -> None:
+    trimmer, trims = counting()
+    trimmer.idle()
+    trimmer.busy()
+    time.sleep(0.5)
+    assert trims == []
+
+
+def test_the_live_runs_tell_the_process_trimmer(make_adapter: Any, tmp_path: Path) -> None:
+    """An adapter whose last run ended has its heaps trimmed a quiet second later."""
+    adapter = make_adapter()
+    before = HEAP.trims
+    result = adapter.client().run(run_body("hello", cwd=str(tmp_path / "ws")))
+    assert result.terminal["type"] == "RUN_FINISHED"
+    wait_for(lambda: HEAP.trims > before)
