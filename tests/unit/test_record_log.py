@@ -19,20 +19,11 @@ from hypothesis import strategies as st
 from agui_adapter.state import record_log
 from agui_adapter.state.record_log import ENTRY, FILE_BYTES, HEADER, MAGIC, RecordLog, frame, scan
 from agui_adapter.state.retention import prune
-from agui_adapter.state.store import Execution, ThreadRecord, ThreadStore
+from agui_adapter.state.store import ThreadStore
 from tests.support.flow import wait_for
+from tests.unit.test_store import record
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def record(thread_id: str = "t-1") -> ThreadRecord:
-    return ThreadRecord(
-        thread_id=thread_id,
-        context_id="agui-x",
-        cwd="/w",
-        user_id=None,
-        execution=Execution(execution_id="e1", ros_invocation_id="r1"),
-    )
 
 
 def log_file(payloads: list[bytes], epoch: bytes = b"E" * 8, size: int = 4096) -> bytes:
