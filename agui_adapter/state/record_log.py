@@ -244,7 +244,6 @@ class RecordLog:
         self._wake.notify_all()
         return self._active
 
-    # --- the log's thread -------------------------------------------------------------
     # --- the log's thread (``_work``) ---------------------------------------------------
     def _step(self, swept: float) -> float | None:
         """One turn of the log's thread: rotate an old file, checkpoint the standby when it
