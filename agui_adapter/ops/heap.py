@@ -5,8 +5,9 @@ group of threads, up to eight per core), so an adapter that served a burst staye
 burst's size while it waited for the next one, and the next burst grew from there. Once no
 run has been live for ``QUIET_SECONDS`` the heaps are trimmed (``malloc_trim``, glibc only;
 elsewhere nothing is done). Measured with the shared bench's phases in a row (a stream of
-20,000 deltas, then 50 and 200 concurrent streams): 2.2 MiB less RSS before the 200 streams
-and on their plateau.
+20,000 deltas, then 50 and 200 concurrent streams), trimming every 2 s against not at all,
+twice each: 2.2 MiB less RSS before the 200 streams and on their plateau; with this trimmer,
+the 200-stream plateau of a full bench run was 65.4 MiB, against 67.6 MiB in the run before it.
 
 Trimming waits for a quiet second rather than following every run's end: a client sending
 runs one after the other would otherwise have its next run fault the pages back in.
