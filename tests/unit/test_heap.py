@@ -11,9 +11,9 @@ from tests.support.agui_client import run_body
 from tests.support.flow import wait_for
 
 
-def counting() -> tuple[HeapTrimmer, list[float]]:
+def counting(quiet: float = 0.2) -> tuple[HeapTrimmer, list[float]]:
     trims: list[float] = []
-    return HeapTrimmer(quiet_seconds=0.2, trim=lambda: trims.append(time.monotonic())), trims
+    return HeapTrimmer(quiet_seconds=quiet, trim=lambda: trims.append(time.monotonic())), trims
 
 
 def test_an_idle_spell_is_trimmed_once() -> None:
@@ -31,10 +31,10 @@ def test_an_idle_spell_is_trimmed_once() -> None:
 
 
 def test_a_run_within_the_quiet_time_puts_the_trim_off() -> None:
-    trimmer, trims = counting()
-    for _ in range(6):  # runs one after the other, 0.1 s apart: never quiet for 0.2 s
+    trimmer, trims = counting(quiet=0.5)  # ten times the gaps
+    for _ in range(30):  # runs one after the other for 1.5 s, 0.05 s apart: never quiet for long
         trimmer.idle()
-        time.sleep(0.1)
+        time.sleep(0.05)
         trimmer.busy()
     assert trims == []
     trimmer.idle()
@@ -42,10 +42,10 @@ def test_a_run_within_the_quiet_time_puts_the_trim_off() -> None:
 
 
 def test_a_busy_process_is_never_trimmed() -> None:
-    trimmer, trims = counting()
+    trimmer, trims = counting(quiet=0.5)
     trimmer.idle()
-    trimmer.busy()
-    time.sleep(0.5)
+    trimmer.busy()  # the next run, at once
+    time.sleep(1.5)
     assert trims == []
 
 

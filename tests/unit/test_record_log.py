@@ -280,17 +280,26 @@ def test_a_forked_worker_makes_its_own_files(made: RecordLog) -> None:
 def test_an_entry_is_checkpointed_once_it_is_rotate_seconds_old(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(record_log, "ROTATE_SECONDS", 0.2)
-    store = ThreadStore(tmp_path)
-    store.use_log()
-    assert store.log is not None
-    wait_for(lambda: store.log.ready)  # type: ignore[union-attr]
-    store.save(record())
-    files = sorted(store.log.directory.iterdir())
-    assert sum(len(entries_of(f)) for f in files) == 1
-    wait_for(lambda: all(entries_of(f) == [] for f in files))  # checkpointed: the record synced in place
-    store.save(record("t-2"))  # the other file takes it
-    assert sum(len(entries_of(f)) for f in files) == 1
+    monkeypatch.setattr(record_log, "ROTATE_SECONDS", 0.2)  # the thread looks every 0.1 s
+    now = [0.0]  # the log's clock, moved by hand: the entry's age is not left to chance
+    threads = tmp_path / "threads"
+    threads.mkdir()
+    (threads / "t.json").write_bytes(b"{}")
+    the_log = RecordLog(tmp_path / record_log.DIRECTORY, threads, clock=lambda: now[0])
+    the_log.start()
+    wait_for(lambda: the_log.ready)
+    first, second = sorted(the_log.directory.iterdir())
+    ticket = the_log.append(b"entry", threads / "t.json")
+    assert ticket is not None
+    the_log.written(ticket)
+    now[0] += 0.1
+    assert entries_of(first) == [b"entry"]  # young: kept
+    now[0] += 0.1
+    wait_for(lambda: entries_of(first) == [])  # old enough: the record synced in place, the file reset
+    ticket = the_log.append(b"next", threads / "t.json")
+    assert ticket is not None
+    the_log.written(ticket)
+    assert entries_of(second) == [b"next"]  # the other file took over
 
 
 def test_a_live_process_reads_the_logs_of_processes_that_died(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
