@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,59 @@ def test_a_half_full_file_is_checkpointed_once_its_records_are_written(made: Rec
     made.written(tickets[0])
     wait_for(lambda: entries_of(first) == [])
     assert entries_of(second) == [b"later"]
+
+
+def concurrent_appends(made: RecordLog, monkeypatch: pytest.MonkeyPatch, first_sync: object) -> tuple[list, list]:
+    """Eight threads append at once; the first ``fdatasync`` waits until all eight entries
+    are in the file, then does ``first_sync`` (None: sync; an exception: raise it). The
+    tickets, and the syncs that were made."""
+    active = made._active
+    assert active is not None
+    syncs: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        syncs.append(fd)
+        if len(syncs) == 1:
+            wait_for(lambda: active.appended == 8)  # an append does not wait for a sync under way
+            if isinstance(first_sync, BaseException):
+                raise first_sync
+        real(fd)
+
+    monkeypatch.setattr(record_log.os, "fdatasync", fdatasync)
+    tickets: list = [None] * 8
+
+    def save(i: int) -> None:
+        tickets[i] = made.append(b'{"threadId":"t%d"}' % i, made.threads_dir / f"t{i}.json")
+
+    workers = [threading.Thread(target=save, args=(i,)) for i in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    return tickets, syncs
+
+
+def test_concurrent_saves_share_a_sync(made: RecordLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group commit: while one save syncs, the others append; one more sync covers them all."""
+    tickets, syncs = concurrent_appends(made, monkeypatch, None)
+    assert all(tickets)
+    assert len(syncs) == 2
+    first = sorted(made.directory.iterdir())[0]
+    assert sorted(entries_of(first)) == sorted(b'{"threadId":"t%d"}' % i for i in range(8))
+    for ticket in tickets:
+        made.written(ticket)
+    assert made._active is not None and made._active.writing == 0
+
+
+def test_a_failed_shared_sync_leaves_every_save_it_covered_to_the_classic_write(
+    made: RecordLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tickets, syncs = concurrent_appends(made, monkeypatch, OSError(5, "Input/output error"))
+    assert tickets == [None] * 8  # none trusted to a second fdatasync after a failed one
+    assert len(syncs) == 1
+    assert not made.ready  # off: the next saves are classic from the start
+    assert made._active is not None and made._active.writing == 0  # nothing left for a checkpoint to wait on
 
 
 def test_an_entry_over_half_a_file_is_left_to_the_classic_write(made: RecordLog) -> None:
