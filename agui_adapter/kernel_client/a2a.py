@@ -33,7 +33,7 @@ from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailabl
 from agui_adapter.kernel_client.sse import SSEDecoder
 
 
-def _first_batch(text: str) -> Any:
+def _first_batch(text: bytes) -> Any:
     """The batch decoder, chosen at the first batch of frames rather than at import (orjson
     costs about 1 MiB of an idle process): the optional "speedups" extra's orjson (about 25%
     more events/s on the kernel's frames), else the standard library, which always works."""
@@ -46,7 +46,7 @@ def _first_batch(text: str) -> Any:
     return loads(text)
 
 
-_decode_batch: Callable[[str], Any] = _first_batch
+_decode_batch: Callable[[bytes], Any] = _first_batch
 
 if TYPE_CHECKING:
     import requests
@@ -309,11 +309,12 @@ class SnapshotStream:
         self.closed = True
 
 
-def _load_all(payloads: list[str]) -> list[Any]:
-    """Decode many frames with one parser call; frame by frame only if one is bad."""
+def _load_all(payloads: list[bytes]) -> list[Any]:
+    """Decode many frames with one parser call; frame by frame only if one is bad (bytes in:
+    the parser checks the UTF-8, and a payload that is not is a malformed frame)."""
     if len(payloads) > 1:
         try:
-            frames = _decode_batch("[" + ",".join(payloads) + "]")
+            frames = _decode_batch(b"[" + b",".join(payloads) + b"]")
             if len(frames) == len(payloads):
                 return frames
         except ValueError:
@@ -321,7 +322,7 @@ def _load_all(payloads: list[str]) -> list[Any]:
     return [_loads(p) for p in payloads]
 
 
-def _loads(payload: str) -> Any:
+def _loads(payload: bytes) -> Any:
     try:
         return json.loads(payload)
     except ValueError:

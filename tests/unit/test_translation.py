@@ -37,7 +37,7 @@ def test_sse_decoder_splits_anywhere() -> None:
     raw = (DATA / "01-normal-text.sse.txt").read_bytes()
     whole = SSEDecoder().feed(raw)
     decoder = SSEDecoder()
-    pieces: list[str] = []
+    pieces: list[bytes] = []
     for i in range(0, len(raw), 7):
         pieces += decoder.feed(raw[i : i + 7])
     assert pieces == whole and len(whole) == 9
@@ -46,8 +46,8 @@ def test_sse_decoder_splits_anywhere() -> None:
 def test_sse_decoder_crlf_comments_and_multiline() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b": ping - now\r\n\r\ndata: a\r\ndata: b\r") == []
-    assert decoder.feed(b"\n\r\nid: 3\nevent: x\ndata:c\n\n") == ["a\nb", "c"]
-    assert decoder.feed(b"data: tail") == [] and decoder.close() == ["tail"]
+    assert decoder.feed(b"\n\r\nid: 3\nevent: x\ndata:c\n\n") == [b"a\nb", b"c"]
+    assert decoder.feed(b"data: tail") == [] and decoder.close() == [b"tail"]
 
 
 def test_normal_turn_text_usage_and_final_repeat() -> None:
@@ -335,6 +335,11 @@ def test_frame_reader_with_and_without_the_speedups(fast: bool, monkeypatch: pyt
         {"result": {}},
         {"error": {"code": -32700, "message": "Malformed frame from the kernel."}},
         {"result": {"x": 1}},
+    ]
+    # so is one that is not UTF-8
+    assert a2a.FrameReader().feed(b'data: {"a":"\xff"}\r\n\r\ndata: {"b":1}\r\n\r\n') == [
+        {"error": {"code": -32700, "message": "Malformed frame from the kernel."}},
+        {"b": 1},
     ]
 
 
