@@ -6,8 +6,11 @@ request written by the app is the same everywhere. As gunicorn does, the line is
 when the response is over: the app's body is wrapped, its bytes counted as they are handed
 to the server, and the line written when the server closes it (PEP 3333 guarantees the
 ``close()``), so a stream's line comes when the stream ends, with its whole duration and
-size. ``--no-access-log`` (``IAC_CODE_AGUI_ACCESS_LOG=false``, ``access_log`` in the config
-file) turns it off.
+size. An answer given on the built-in server's I/O thread (``answer_inline``: a refusal
+before admission, ``/health``) is a list the server sends as it is once the app returns,
+with nothing of the app run after: its line is written by the app before it returns, in
+the request's own context, and the list goes out unwrapped. ``--no-access-log``
+(``IAC_CODE_AGUI_ACCESS_LOG=false``, ``access_log`` in the config file) turns it off.
 
 One line, logger ``agui_adapter.access`` at INFO, in the chosen ``--log-format``:
 

@@ -73,7 +73,7 @@ from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.state.journal import JournalReader, ReplayUnavailable, follow
 from agui_adapter.web import client_modules, console_page
 from agui_adapter.web import request_checks as checks
-from agui_adapter.web.access_log import IDS_KEY, REFUSED_KEY, Exchange, ResponseBody
+from agui_adapter.web.access_log import IDS_KEY, REFUSED_KEY, Exchange, ResponseBody, write_line
 from agui_adapter.web.thread_resource import ThreadViews, check_path_header
 
 log = logging.getLogger("agui_adapter.web.app")
@@ -339,6 +339,15 @@ class AguiApp:
                 if close is not None:
                     close()
                 body = []
+            if type(body) is list and environ.get(INLINE_KEY):
+                # Answered on the server's I/O thread (``answer_inline``, never with tracing
+                # on): the server sends this list as it is once the app returns, and nothing of
+                # the app runs after; the access line is written now, in this context, and
+                # the list needs no wrapper (a refusal costs about a tenth less).
+                if self.access_log:
+                    exchange.sent = sum(map(len, body))
+                    write_line(exchange, str(environ.get(ROUTE_KEY, "unmatched")))
+                return body
         except BaseException:
             exchange.trace.end(error="the application failed")
             raise

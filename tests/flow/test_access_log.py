@@ -10,13 +10,16 @@ through the ``adapter_process`` fixture, so the session-wide secrets check reads
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import socket
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from agui_adapter.ops import logs
 from tests.support.agui_client import Client, run_body
 from tests.support.flow import wait_for
 from tests.support.ports import free_port
@@ -208,3 +211,36 @@ def _no_access_lines(process: Any) -> None:
     assert refused.status_code == 400
     wait_for(lambda: b"POST / refused: INVALID_INPUT" in process.log)
     assert b"agui_adapter.access" not in process.log
+
+
+def test_an_answer_on_the_io_thread_is_the_app_s_own_list_its_line_written_before_it_returns(
+    adapter: Any, workspace: Path, caplog: Any
+) -> None:
+    """A refusal answered on the server's I/O thread (``answer_inline``) is sent as the list the
+    app returned: no body wrapper to iterate and close, its access line already written, with
+    the bytes, status, code and ids the wrapper would have logged."""
+    body = run_body(cwd=str(workspace))  # valid, so its ids are known: refused for its routing header
+    payload = json.dumps(body).encode()
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(payload)),
+        "HTTP_ACCEPT": "text/event-stream",
+        "HTTP_X_REQUEST_ID": "acc-inline",
+        "HTTP_X_AGUI_THREAD_ID": "another-thread",
+        "wsgi.input": io.BytesIO(payload),
+        "wsgi.input_terminated": True,
+    }
+    started: list[tuple[str, list[tuple[str, str]]]] = []
+    caplog.handler.addFilter(logs.RunContext())  # the ids in context, as the adapter's own handler reads them
+    with caplog.at_level(logging.INFO, logger="agui_adapter.access"):
+        answer = adapter.app.answer_inline(environ, lambda status, headers, *_: started.append((status, headers)))
+        lines = [r for r in caplog.records if r.name == "agui_adapter.access"]
+    assert type(answer) is list and started[0][0].startswith("400")
+    [line] = lines
+    assert (line.status, line.route, line.error_code, line.request_id) == (400, "run", "INVALID_INPUT", "acc-inline")
+    assert line.bytes_sent == len(b"".join(answer)) > 0
+    assert line.thread_id == body["threadId"] and line.run_id == body["runId"]
