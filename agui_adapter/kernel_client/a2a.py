@@ -31,6 +31,7 @@ from agui_adapter.http.rules import ChunkedDecoder
 from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.kernel_client.sse import SSEDecoder
+from agui_adapter.ops import speedups
 
 
 def _first_batch(text: bytes) -> Any:
@@ -38,10 +39,7 @@ def _first_batch(text: bytes) -> Any:
     costs about 1 MiB of an idle process): the optional "speedups" extra's orjson (about 25%
     more events/s on the kernel's frames), else the standard library, which always works."""
     global _decode_batch
-    try:
-        from orjson import loads
-    except ImportError:
-        loads = json.loads
+    loads = speedups.orjson_loads() or json.loads
     _decode_batch = loads
     return loads(text)
 

@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import parse_accept_header
 from werkzeug.wsgi import get_input_stream
 
+from agui_adapter.ops import speedups
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.errors import AguiError, Code
 
@@ -95,7 +96,32 @@ def read_body(environ: dict[str, Any], limit: int, too_large: str) -> bytes:
     return b"".join(chunks)
 
 
+#: The bodies orjson parses first; a larger one is mostly the strings of its images, which
+#: orjson parses no faster than the standard library (measured: 5.2 against 4.9 ms a MiB).
+FAST_JSON_BYTES = 64 * 1024
+#: Each digit "0", any other byte a space: a run of 19 zeros is a number of 19 digits or more,
+#: which orjson turns into a float when it is an integer beyond 64 bits (the standard library
+#: keeps it exact).
+_DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
 def parse_json(body: bytes, invalid: str) -> Any:
+    """The JSON document ``body`` (strict UTF-8), else ``AguiError(INVALID_JSON, invalid)``.
+
+    With the "speedups" extra, orjson parses a small body first (about a quarter of the
+    standard library's time; a refusal costs some 3% less); what it refuses (NaN, a number
+    beyond a float, a lone surrogate escape, nesting deeper than 1,024) or would turn into
+    something else (an integer beyond 64 bits, which it makes a float) goes to the standard
+    library, which decides as it always did: the answer is the standard library's for every
+    body (``tests/unit/test_request_json.py``), only sooner.
+    """
+    fast = speedups.orjson_loads()
+    if fast is not None and len(body) <= FAST_JSON_BYTES and _LONG_NUMBER not in body.translate(_DIGITS):
+        try:
+            return fast(body)
+        except ValueError:  # orjson.JSONDecodeError
+            pass
     try:
         # strict UTF-8 first: json.loads(bytes) would let encoded surrogates through
         payload = json.loads(body.decode("utf-8"))
