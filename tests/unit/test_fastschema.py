@@ -285,6 +285,33 @@ def test_the_first_failing_node(mutate: Any, path: tuple[Any, ...]) -> None:
     assert checked(payload) == []
 
 
+def _member_names(schema: dict[str, Any]) -> list[str]:
+    return sorted(schema["properties"])
+
+
+@pytest.mark.parametrize("level", ["envelope", "iacCode"])
+def test_of_any_two_failing_members_the_first_is_jsonschema_s(level: str) -> None:
+    """Whatever order the schema lists its members in, and the check visits them in."""
+    schema = validation.envelope_schema()
+    if level == "iacCode":
+        schema = schema["properties"]["forwardedProps"]["properties"]["iacCode"]
+    names = _member_names(schema)
+    pairs = 0
+    for first in names:
+        for second in names:
+            if first >= second:
+                continue
+            payload = valid_envelope()
+            node = payload if level == "envelope" else props(payload)
+            node[first] = node[second] = 0.5  # no member of either takes a fraction
+            failure = fastschema.compile_schema(validation.envelope_schema())(payload)
+            if failure is None:  # both accept it (``state``)
+                continue
+            pairs += 1
+            assert checked(payload) == [], (first, second)
+    assert pairs > len(names)
+
+
 @pytest.mark.parametrize("value", [1, 1.0, True, "1", None])
 def test_const_and_integers_follow_jsonschema(value: Any) -> None:
     check = fastschema.compile_schema({"type": "integer", "const": 1})
