@@ -131,7 +131,7 @@ class _Source:
         if schema is True:
             return None
         if schema is False:
-            return self._function([f"    return {self.value(((), False, 'false'))}"])
+            return self._define(self._new_name(), [f"    return {self.value(((), False, 'false'))}"])
         if not isinstance(schema, dict):
             raise Unsupported(f"schema {schema!r}")
         unknown = set(schema) - _KNOWN - _ANNOTATIONS
@@ -151,9 +151,10 @@ class _Source:
         if items_schema is False:
             raise Unsupported("items: false")
         items = self.check(items_schema)
+        name = self._new_name()  # after its members', whose names the body calls
         table = None
         if extra is not None:  # every key has a check: the first failing key is the least
-            table = f"_members{self.functions}"
+            table = f"{name}_members"
             body += [
                 "    if isinstance(v, dict):",
                 "        first = None",
@@ -191,15 +192,17 @@ class _Source:
                 "                return ((index, *failure[0]), failure[1], failure[2])",
             ]
         body.append("    return None")
-        name = self._function(body)
+        self._define(name, body)
         if table is not None:  # after the function, whose checks are all defined by then
             entries = ", ".join(f"{self.value(key)}: {check}" for key, check in members.items())
             self.lines.append(f"{table} = {{{entries}}}")
         return name
 
-    def _function(self, body: list[str]) -> str:
-        name = f"_check{self.functions}"
+    def _new_name(self) -> str:
         self.functions += 1
+        return f"_check{self.functions - 1}"
+
+    def _define(self, name: str, body: list[str]) -> str:
         self.lines += [f"def {name}(v):", *body, ""]
         return name
 
@@ -224,7 +227,7 @@ class _Source:
             values = schema["enum"]
             if not isinstance(values, list):
                 raise Unsupported("enum")
-            matchers = tuple(_equal_to(v) for v in values)
+            matchers = tuple(_equal_to(v) for v in values)  # also refuses a value not mirrored
             if all(isinstance(v, str) for v in values):
                 tests.append(("enum", f"(isinstance(v, str) and v in {self.value(frozenset(values))})"))
             else:
