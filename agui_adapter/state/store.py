@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -83,6 +84,38 @@ def thread_key(thread_id: str) -> str:
     return "aguihash~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
 
 
+def _read_all(fd: int) -> bytes:
+    """All of the regular file open as ``fd``, from its start: one ``read`` of its size and
+    one byte more, so that a read that comes back short says the end was reached (a regular
+    file's read is short only there); a file that grew meanwhile is read on to its end."""
+    size = os.fstat(fd).st_size
+    data = os.read(fd, size + 1)
+    if len(data) <= size:
+        return data
+    parts = [data]
+    while True:
+        more = os.read(fd, 65536)
+        if not more:
+            return b"".join(parts)
+        parts.append(more)
+
+
+def _umask_keeps_owner_bits() -> bool:
+    """Whether this process's umask leaves the owner's read and write bits of a new file
+    alone, so that a file created with mode 0600 is 0600 without an ``fchmod``; read from
+    ``/proc/self/status`` (the umask cannot be read elsewhere without setting it, which
+    other threads would see); False when it cannot be read, and then every new record
+    file is ``fchmod``-ed as before."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8) & 0o600 == 0
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 class RunLock:
     """The OS lock that makes a run the thread's only active one."""
 
@@ -116,6 +149,8 @@ class ThreadStore:
         self.on_write: Callable[[float, bool], None] | None = None
         #: This process's record log (``use_log``), None for the classic durable writes only.
         self.log: RecordLog | None = None
+        #: Whether new files are 0600 as created (``_umask_keeps_owner_bits``): no ``fchmod``.
+        self._umask_is_owner_rw = _umask_keeps_owner_bits()
 
     def use_log(self) -> None:
         """Make durable saves through a record log of this process (``record_log``), its files
@@ -268,7 +303,12 @@ class ThreadStore:
 
     @staticmethod
     def _read(path: Path) -> Any:
-        """The parsed JSON at ``path``, or None when there is no such file."""
+        """The parsed JSON at ``path``, or None when there is no such file.
+
+        Read with ``os.read`` sized by ``fstat`` (open, fstat, read, close), not through a
+        buffered file object, whose set-up costs five more system calls (``isatty``, two
+        ``lseek``, a second ``fstat``, the read that finds the end): every write of a
+        record reads it first, under its lock."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -276,10 +316,11 @@ class ThreadStore:
         except OSError as exc:
             raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
         try:
-            with os.fdopen(fd, "rb") as handle:
-                raw = handle.read()
+            raw = _read_all(fd)
         except OSError as exc:
             raise StoreError(f"cannot read the thread state: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -312,7 +353,9 @@ class ThreadStore:
         returns, in ``log`` when it takes the entry, else the classic way (the temp file
         fsynced before the rename, the directory after). Nothing is logged for a temp file
         that could not be written."""
-        tmp_path = self.threads_dir / f".{path.name}.{os.urandom(8).hex()}.tmp"
+        # a name no other writer picks (64 random bits; ``random`` is reseeded in a forked
+        # child, and O_EXCL refuses a name taken) without a ``getrandom`` call per save
+        tmp_path = self.threads_dir / f".{path.name}.{random.getrandbits(64):016x}.tmp"
         tmp_made = False
         logged = None
         try:
@@ -320,7 +363,8 @@ class ThreadStore:
             fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             tmp_made = True
             try:
-                os.fchmod(fd, 0o600)  # whatever the umask
+                if not self._umask_is_owner_rw:
+                    os.fchmod(fd, 0o600)  # whatever the umask
                 view = memoryview(payload)
                 while view:
                     view = view[os.write(fd, view) :]

@@ -52,6 +52,62 @@ def test_round_trip_and_modes(tmp_path: Path) -> None:
     assert not [p for p in path.parent.iterdir() if p.suffix == ".tmp"]
 
 
+def _save_under_umask(root: str, mask: int, queue: multiprocessing.Queue) -> None:
+    os.umask(mask)
+    store = ThreadStore(Path(root))
+    store.save(record())
+    store.save(record())  # a replacement, too
+    queue.put(oct(store.path_for("t-1").stat().st_mode & 0o777))
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o277, 0o477, 0o777])
+def test_a_record_is_0600_whatever_the_umask(tmp_path: Path, mask: int) -> None:
+    """A umask that keeps the owner's bits needs no fchmod; one that takes them away gets
+    one (in a child process: the umask is the whole process's)."""
+    queue: multiprocessing.Queue = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=_save_under_umask, args=(str(tmp_path), mask, queue))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == "0o600"
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 200_000])
+def test_a_record_is_read_whole_whatever_its_size(tmp_path: Path, size: int) -> None:
+    from agui_adapter.state import store as store_module
+
+    path = tmp_path / "f"
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert store_module._read_all(fd) == data
+    finally:
+        os.close(fd)
+
+
+def test_a_record_that_grew_after_its_size_was_taken_is_read_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agui_adapter.state import store as store_module
+
+    path = tmp_path / "f"
+    data = b"y" * 300_000
+    path.write_bytes(data)
+    real_fstat = os.fstat
+
+    class Smaller:
+        def __init__(self, st: os.stat_result) -> None:
+            self.st_size = st.st_size // 3
+
+    monkeypatch.setattr(store_module.os, "fstat", lambda fd: Smaller(real_fstat(fd)))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert store_module._read_all(fd) == data
+    finally:
+        os.close(fd)
+
+
 def test_corrupt_or_foreign_files_are_errors(tmp_path: Path) -> None:
     store = ThreadStore(tmp_path)
     store.save(record())
