@@ -16,7 +16,10 @@ keeps time. The subset is what a WSGI server needs:
 - the response head: the status line, the application's headers without the hop-by-hop
   ones, ``Date``, the framing (``Content-Length``, chunked on HTTP/1.1, close on
   HTTP/1.0, none for ``HEAD``, 1xx, 204 and 304) and the ``Connection`` header;
-- the server's own answers, JSON like the application's: ``{"error": {"code", "message"}}``.
+- the server's own answers, JSON like the application's: ``{"error": {"code", "message"}}``;
+- and, for the kernel client's streaming calls (``kernel_client.connections``), a response
+  head as a client reads it: the status line, the headers, the body's framing
+  (``parse_response_head``), under the same rules and h11 as the oracle again.
 
 What is accepted is what RFC 9110/9112 allow, and never more than h11 accepts (the tests
 hold the server to h11 as an oracle, ``tests/flow/test_http_oracle.py``): header names
@@ -349,6 +352,94 @@ def wants_keep_alive(version: str, headers: Headers) -> bool:
     if "close" in connection:
         return False
     return version == "HTTP/1.1" or "keep-alive" in connection
+
+
+# ====================================================================== a response, as a client reads it
+_STATUS_LINE = re.compile(r"HTTP/(1\.[01]) ([0-9]{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
+"""``HTTP-version SP status-code [SP reason-phrase]``: the reason may be missing (h11 and
+``http.client`` read such lines), and only HTTP/1.0 and HTTP/1.1 are spoken."""
+
+
+class ResponseError(Exception):
+    """The response breaks the wire rules: the connection it came on is useless."""
+
+
+@dataclass(frozen=True)
+class ResponseStart:
+    """A response head as a client reads it (``parse_response_head``): the status, the
+    headers, how the body is delimited, and whether the connection may serve again."""
+
+    version: str
+    status: int
+    reason: str
+    headers: Headers
+    framing: Framing
+    length: int | None
+    keep_alive: bool
+
+    def header(self, name: str) -> str | None:
+        """The first value of the header ``name`` (any case), or None."""
+        lower = name.lower()
+        return next((value for n, value in self.headers if n.lower() == lower), None)
+
+
+def parse_response_head(head: bytes, *, max_headers: int = 100) -> ResponseStart:
+    """The status line and headers of a response to a request that is not ``HEAD`` (as
+    ``take_head`` splits it off), read by the rules the server holds requests to: a
+    header name is a token, no control byte or bare CR, no obs-fold; and RFC 9112 6.3 for
+    the body: none for 1xx, 204 and 304, else chunked when ``Transfer-Encoding`` says so
+    (exactly ``chunked``: a response with another coding, or with a ``Content-Length``
+    too, is refused, as h11 refuses them), else ``Content-Length`` bytes, else up to the
+    close. ``ResponseError`` for anything else.
+    """
+    text = head.decode("latin-1")
+    crlf = text.count("\r\n")
+    if crlf == text.count("\n"):
+        lines = text.split("\r\n")
+    else:
+        lines = [_strip_cr(line) for line in text.split("\n")]
+    if _CONTROL_IN_HEAD.search(text) or text.count("\r") != crlf:
+        raise ResponseError("a control byte in the response head")
+    status_line = _STATUS_LINE.fullmatch(lines[0])
+    if status_line is None:
+        raise ResponseError("a malformed status line")
+    version = "HTTP/" + status_line.group(1)
+    status = int(status_line.group(2))
+    headers: Headers = []
+    for line in lines[1:]:
+        if not line:
+            break
+        if len(headers) >= max_headers:
+            raise ResponseError("too many response headers")
+        name, sep, value = line.partition(":")
+        if not sep or (name not in _TOKENS_SEEN and not _valid_token(name)):
+            raise ResponseError("a malformed response header")
+        headers.append((name, value.strip(" \t")))
+    framing, length = _response_framing(status, headers)
+    # as h11 decides it: an HTTP/1.0 answer ends its connection whatever it says
+    keep_alive = framing is not Framing.CLOSE and version == "HTTP/1.1" and wants_keep_alive(version, headers)
+    return ResponseStart(version, status, status_line.group(3) or "", headers, framing, length, keep_alive)
+
+
+def _response_framing(status: int, headers: Headers) -> tuple[Framing, int | None]:
+    codings = _values(headers, "transfer-encoding")
+    lengths = set(_values(headers, "content-length"))
+    # the headers are checked whatever the status, as h11 checks them
+    if codings and ([c.lower() for c in codings] != ["chunked"] or lengths):
+        raise ResponseError("a transfer coding other than chunked, or with a length")
+    length = None
+    if lengths:
+        value = lengths.pop() if len(lengths) == 1 else ""
+        if not _plain_length(value):
+            raise ResponseError("an invalid Content-Length")
+        length = int(value)
+    if status < 200 or status in (204, 304):
+        return Framing.NONE, None
+    if codings:
+        return Framing.CHUNKED, None
+    if length is None:
+        return Framing.CLOSE, None
+    return Framing.LENGTH, length
 
 
 # ====================================================================== a chunked request body

@@ -1,11 +1,13 @@
 """The kernel client: JSON-RPC 2.0 over HTTP to the iac-code A2A runtime.
 
 One pooled ``requests.Session`` (made on first use) serves the unary calls. The streaming calls to an
-``http://`` kernel (a run's path to its first delta) go over the standard library's
-``http.client`` on kept-alive connections of their own (``StreamConnections``): about a
-millisecond less per call than ``requests``, whose per-request machinery (hooks, adapters,
-urllib3's pool and response wrappers) is not needed for one POST and a stream of bytes;
-an ``https://`` kernel keeps ``requests`` (its certificate handling). Every request carries
+``http://`` kernel (a run's path to its first delta) go over kept-alive sockets of their own
+(``connections.StreamConnections``): one write of the request, the answer's head parsed with the
+server's wire rules, the body read off the socket; about a millisecond less per call than
+``requests``, whose per-request machinery (hooks, adapters, urllib3's pool and response
+wrappers) is not needed for one POST and a stream of bytes, and some 75 us less than
+``http.client`` (see ``connections``); an ``https://`` kernel keeps ``requests`` (its certificate
+handling). Every request carries
 ``A2A-Version: 1.0`` (without it the kernel assumes 0.3) and the kernel's bearer token, and
 goes through ``calls`` (``kernel_calls.KernelCalls``): the request id and the trace context
 as headers, its latency and failure kind to the metrics, one debug line.
@@ -16,19 +18,18 @@ called from another thread and unblocks a reader stuck in ``recv``.
 
 from __future__ import annotations
 
-import http.client
 import json
-import select
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from agui_adapter.http.rules import ChunkedDecoder
+from agui_adapter.http.rules import ResponseStart
+from agui_adapter.kernel_client import connections
 from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
+from agui_adapter.kernel_client.connections import KernelConnection, StreamConnections
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.kernel_client.sse import SSEDecoder
 from agui_adapter.ops import speedups
@@ -141,44 +142,31 @@ class KernelStream:
 
 
 class ConnectionStream(KernelStream):
-    """A streaming response read with ``http.client`` on a pooled connection; the
-    connection goes back to its pool when the body was read to its end.
+    """A streaming answer read off a pooled connection (``connections``); the connection goes back
+    to its pool when the body was read to its end.
 
-    A chunked body (what the kernel sends) is decoded here, with the wire rules of the
-    server's own decoder (``http11.ChunkedDecoder``), rather than by ``http.client``,
-    whose ``read1`` hands back one HTTP chunk per call: the kernel writes one chunk per
-    frame, so one item per network read carries every frame that has arrived, and the run
-    decodes them in one go instead of one queue item and one parser call per frame."""
+    A chunked body (what the kernel sends) is de-chunked with the server's own decoder
+    (``http.rules.ChunkedDecoder``), all that arrived with each network read in one item:
+    the kernel writes one chunk per frame, so one item carries every frame that has
+    arrived, and the run decodes them in one go instead of one queue item and one parser
+    call per frame."""
 
-    def __init__(
-        self,
-        response: http.client.HTTPResponse,
-        connection: http.client.HTTPConnection,
-        sock: socket.socket,
-        pool: StreamConnections,
-    ) -> None:
-        self._http = response
+    def __init__(self, start: ResponseStart, connection: KernelConnection, pool: StreamConnections) -> None:
+        self._start = start
         self._lock = threading.Lock()
         self._done = False
-        self._sock = sock
-        self._connection: http.client.HTTPConnection | None = connection
+        self._sock = connection.sock
+        self._connection: KernelConnection | None = connection
         self._pool = pool
 
     def chunks(self) -> Iterator[bytes]:
         finished = False
+        connection = self._connection
         try:
-            if self._http.chunked and self._http.fp is not None:
-                yield from self._dechunked(self._http.fp)
-                self._http.close()  # the body is over: the connection can serve the next call
-            else:
-                read1 = self._http.read1
-                while True:
-                    data = read1(65536)
-                    if not data:
-                        break
-                    yield data
-            finished = self._http.isclosed() and not self._http.will_close
-        except Exception as exc:  # http.client and socket errors alike
+            if connection is not None:
+                yield from connection.body(self._start)
+                finished = self._start.keep_alive
+        except Exception as exc:  # wire and socket errors alike
             if self.closed:
                 return
             raise KernelUnavailable(f"kernel stream broke: {exc.__class__.__name__}") from exc
@@ -197,82 +185,8 @@ class ConnectionStream(KernelStream):
         else:
             connection.close()
 
-    @staticmethod
-    def _dechunked(fp: Any) -> Iterator[bytes]:
-        """The data of a chunked body, all that arrived with each network read."""
-        decoder = ChunkedDecoder()
-        while not decoder.done:
-            data = fp.read1(65536)
-            if not data:
-                raise http.client.IncompleteRead(b"")
-            decoder.feed(data)
-            available = decoder.read_available()
-            if available:
-                yield available
-
     def _close_response(self) -> None:  # ``close`` (inherited) aborts; the connection is not reused
-        try:
-            self._http.close()
-        except Exception:  # noqa: BLE001 - closing must never raise
-            pass
         self._let_go(reuse=False)
-
-
-class StreamConnections:
-    """Kept-alive ``http.client`` connections to one ``http://`` kernel, for streaming calls.
-
-    A connection is taken for one call and given back only once its response was read to
-    the end; one idle for longer than ``max_idle`` seconds (the kernel's server closes idle
-    connections after 5 s), or that the kernel closed meanwhile, is not used again."""
-
-    def __init__(self, host: str, port: int, *, connect_timeout: float, read_timeout: float, size: int) -> None:
-        self._host, self._port = host, port
-        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
-        self._size = size
-        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
-        self._lock = threading.Lock()
-        self.max_idle = 2.0
-
-    def take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection, and whether it served before."""
-        now = time.monotonic()
-        while True:
-            with self._lock:
-                if not self._idle:
-                    break
-                connection, since = self._idle.pop()
-            if now - since < self.max_idle and not _dropped(connection.sock):
-                return connection, True
-            connection.close()
-        connection = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
-        connection.connect()
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection.sock.settimeout(self._read_timeout)
-        return connection, False
-
-    def give_back(self, connection: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if len(self._idle) < self._size:
-                self._idle.append((connection, time.monotonic()))
-                return
-        connection.close()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for connection, _ in idle:
-            connection.close()
-
-
-def _dropped(sock: socket.socket | None) -> bool:
-    """Whether an idle connection was closed by the other end (readable means EOF or junk)."""
-    if sock is None:
-        return True
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
 
 
 class FrameReader:
@@ -360,7 +274,12 @@ class KernelClient:
                 read_timeout=timeout,
                 size=pool_size,
             )
-            self._stream_headers = {**self._headers, "Accept": "*/*", "User-Agent": "agui-adapter"}
+            self._stream_head = connections.request_head(
+                self._path,
+                parts.hostname,
+                parts.port or 80,
+                {**self._headers, "Accept": "*/*", "User-Agent": "agui-adapter"},
+            )
 
     def __repr__(self) -> str:  # never show the token
         return f"KernelClient({self.url!r})"
@@ -448,40 +367,39 @@ class KernelClient:
     def _connection_stream(
         self, pool: StreamConnections, method: str, params: dict[str, Any], call: Call
     ) -> KernelStream:
-        """``stream`` over ``http.client`` on a pooled connection (an ``http://`` kernel)."""
+        """``stream`` on a pooled connection of our own (an ``http://`` kernel, ``connections``)."""
         body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        headers = {**self._stream_headers, **call.headers} if call.headers else self._stream_headers
-        connection: http.client.HTTPConnection | None = None
+        connection: KernelConnection | None = None
         try:
+            request = connections.encode_request(self._stream_head, call.headers, data)
             connection, _ = pool.take()
-            sock = connection.sock
-            connection.request("POST", self._path, body=data, headers=headers)
-            response = connection.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
+            connection.send(request)
+            start = connection.read_head()
+        except (OSError, ValueError, connections.WireError) as exc:
             if connection is not None:
                 connection.close()
             kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
             raise KernelUnavailable(f"{method}: {exc.__class__.__name__}", kind) from exc
-        if response.status >= 400:
+        if start.status >= 400:
             connection.close()
-            raise KernelUnavailable(f"{method}: HTTP {response.status}", "http_status")
-        content_type = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
+            raise KernelUnavailable(f"{method}: HTTP {start.status}", "http_status")
+        content_type = (start.header("Content-Type") or "").split(";")[0].strip().lower()
         if content_type != "text/event-stream":
             unexpected = f"{method}: unexpected {content_type or 'untyped'} answer"
             try:
-                answer = json.loads(response.read() or b"null")
-            except (ValueError, OSError, http.client.HTTPException) as exc:
+                answer = json.loads(connection.read_body(start) or b"null")
+            except (ValueError, OSError, connections.WireError) as exc:
                 connection.close()
                 raise KernelUnavailable(unexpected, "bad_answer") from exc
-            if response.will_close:
-                connection.close()
-            else:
+            if start.keep_alive:
                 pool.give_back(connection)
+            else:
+                connection.close()
             if isinstance(answer, dict) and "error" in answer:
                 raise KernelRejected(answer["error"])
             raise KernelUnavailable(unexpected, "bad_answer")
-        return ConnectionStream(response, connection, sock, pool)
+        return ConnectionStream(start, connection, pool)
 
     def send_streaming_message(self, message: dict[str, Any]) -> KernelStream:
         return self.stream(
