@@ -74,6 +74,11 @@ _FRAMING_HEADERS = frozenset(("connection", "transfer-encoding", "content-length
 _TOKENS_SEEN: set[str] = set()  # header names already found valid (a few dozen in practice)
 
 
+def is_token(name: str) -> bool:
+    """Whether ``name`` is an RFC 9110 token (what a header name must be)."""
+    return name in _TOKENS_SEEN or _valid_token(name)
+
+
 def _valid_token(name: str) -> bool:
     if not _TOKEN.fullmatch(name):
         return False
@@ -199,13 +204,8 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
     ``max_headers`` headers, 501 for a transfer coding other than chunked, 505 for an HTTP
     version other than 1.0 and 1.1.
     """
-    text = head.decode("latin-1")
-    crlf = text.count("\r\n")
-    if crlf == text.count("\n"):  # every line ends with CRLF, the common case
-        lines = text.split("\r\n")
-    else:
-        lines = [_strip_cr(line) for line in text.split("\n")]
-    if _CONTROL_IN_HEAD.search(text) or text.count("\r") != crlf:  # so no line holds a CR after this
+    lines, odd = _head_lines(head)
+    if odd:  # so no line holds a CR after this
         _refuse_control_bytes(lines)
     method, target, version = _request_line(lines[0])
     path, query = _split_target(target)
@@ -247,6 +247,18 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
 
 
 _NO_BODY = BodyFraming()
+
+
+def _head_lines(head: bytes) -> tuple[list[str], bool]:
+    """The lines of a head (request or response) without their line ends, and whether it
+    holds a control byte (HTAB aside) or a bare CR, which its parser refuses."""
+    text = head.decode("latin-1")
+    crlf = text.count("\r\n")
+    if crlf == text.count("\n"):  # every line ends with CRLF, the common case
+        lines = text.split("\r\n")
+    else:
+        lines = [_strip_cr(line) for line in text.split("\n")]
+    return lines, bool(_CONTROL_IN_HEAD.search(text)) or text.count("\r") != crlf
 
 
 def _refuse_control_bytes(lines: list[str]) -> None:
@@ -392,13 +404,8 @@ def parse_response_head(head: bytes, *, max_headers: int = 100) -> ResponseStart
     too, is refused, as h11 refuses them), else ``Content-Length`` bytes, else up to the
     close. ``ResponseError`` for anything else.
     """
-    text = head.decode("latin-1")
-    crlf = text.count("\r\n")
-    if crlf == text.count("\n"):
-        lines = text.split("\r\n")
-    else:
-        lines = [_strip_cr(line) for line in text.split("\n")]
-    if _CONTROL_IN_HEAD.search(text) or text.count("\r") != crlf:
+    lines, odd = _head_lines(head)
+    if odd:
         raise ResponseError("a control byte in the response head")
     status_line = _STATUS_LINE.fullmatch(lines[0])
     if status_line is None:

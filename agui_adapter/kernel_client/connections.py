@@ -26,6 +26,7 @@ from agui_adapter.http.rules import (
     ProtocolError,
     ResponseError,
     ResponseStart,
+    is_token,
     parse_response_head,
     take_head,
 )
@@ -55,7 +56,7 @@ def request_head(path: str, host: str, port: int, headers: dict[str, str]) -> by
 
 
 def _header_line(name: str, value: str) -> str:
-    if not _HEADER_VALUE.fullmatch(value) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+    if not _HEADER_VALUE.fullmatch(value) or not is_token(name):
         raise ValueError(f"the {name!r} header holds a character no header may carry")
     return f"{name}: {value}"
 

@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agui_adapter.http.server import ServerLimits, WSGIServer
+from tests.support.mutation import mutate
 
 Seen = tuple[str, str, int]
 """A request as accepted: method, target, body length."""
@@ -425,17 +426,7 @@ BODIES = [b"", b"hello", _chunked(b"hello"), _chunked(b"he", b"llo", ext=b";x=y"
 
 def _mutate(draw: st.DrawFn, wire: bytearray) -> bytes:
     """``wire`` with a few bytes inserted, replaced or deleted, odd ones mostly."""
-    for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3]))):
-        at = draw(st.integers(0, len(wire)))
-        how = draw(st.sampled_from(["insert", "replace", "delete"]))
-        odd = draw(st.sampled_from(INTERESTING) | st.binary(min_size=1, max_size=2))
-        if how == "insert":
-            wire[at:at] = odd
-        elif how == "replace":
-            wire[at : at + 1] = odd
-        else:
-            del wire[at : at + 1]
-    return bytes(wire)
+    return mutate(draw, wire, st.sampled_from(INTERESTING) | st.binary(min_size=1, max_size=2), [0, 1, 1, 1, 2, 3])
 
 
 @st.composite

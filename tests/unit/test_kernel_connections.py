@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from agui_adapter.http.rules import Framing, ResponseError, parse_response_head
 from agui_adapter.kernel_client import connections
+from tests.support.mutation import mutate
 
 
 class Reads:
@@ -181,17 +182,7 @@ def answers(draw: st.DrawFn) -> bytes:
     data = bytearray(b"\r\n".join(lines) + b"\r\n\r\n" + draw(st.sampled_from(BODIES)))
     if status in (b"100", b"103"):
         data += b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
-        at = draw(st.integers(0, len(data)))
-        how = draw(st.sampled_from(["insert", "replace", "delete"]))
-        odd = draw(st.sampled_from(ODD))
-        if how == "insert":
-            data[at:at] = odd
-        elif how == "replace":
-            data[at : at + 1] = odd
-        else:
-            del data[at : at + 1]
-    return bytes(data)
+    return mutate(draw, data, st.sampled_from(ODD), [0, 0, 1, 2])
 
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
