@@ -8,7 +8,8 @@ thread prunes idle thread records at start-up and hourly (``retention.py``).
 Under systemd (``Type=notify``) the adapter says ``READY=1`` once its port listens, its
 kernel is chosen and its own ``/health`` answered, ``STOPPING=1`` on SIGTERM (or an idle
 shutdown), and pings the watchdog while its server answers ``/health`` (``sdnotify.py``).
-At start it raises its open-file limit (``fdlimit.py``). Upstream's ``iac-code agui``
+At start it raises its open-file limit (``fdlimit.py``) and sizes the garbage collector's
+youngest generation for batches of kernel frames (``collector.py``). Upstream's ``iac-code agui``
 flags are accepted with upstream's meaning: ``--idle-shutdown`` (``idle.py``),
 ``-d/--debug`` (``--log-level debug``) and ``--log-stdout/--no-log-stdout``.
 """
@@ -40,7 +41,7 @@ from agui_adapter.http.server import ServerLimits, WSGIServer
 from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.kernel_client.calls import KernelCalls
 from agui_adapter.kernel_client.launch import KernelProcess, KernelStartError, start_kernel
-from agui_adapter.ops import fdlimit, idle, logs, sdnotify, state_gauges
+from agui_adapter.ops import collector, fdlimit, idle, logs, sdnotify, state_gauges
 from agui_adapter.ops.metrics import Metrics
 from agui_adapter.ops.tracing import Tracing, from_environment
 from agui_adapter.protocol.decode_budget import DECODES, map_large_allocations
@@ -313,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format, settings.log_stdout)
     log.debug("settings: %r", settings)  # the tokens are not part of its repr
     fdlimit.check(settings.max_connections, settings.max_runs)
+    collector.tune()
     notifier = sdnotify.Notifier()
     try:
         kernel = start_kernel(settings)

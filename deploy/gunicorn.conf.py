@@ -26,9 +26,13 @@ graceful_timeout = math.ceil(float(os.environ.get("IAC_CODE_AGUI_SHUTDOWN_GRACE_
 
 def post_worker_init(worker: Any) -> None:
     """In the worker, after the application was loaded: the SIGTERM hand-over hook (already
-    there when the worker imported the application itself; with ``--preload``, installed here)."""
+    there when the worker imported the application itself; with ``--preload``, installed here),
+    and the garbage collector sized for batches of kernel frames, as the built-in server's
+    (``agui_adapter.ops.collector``)."""
+    from agui_adapter.ops import collector
     from agui_adapter.wsgi import install_shutdown_hook
 
+    collector.tune()
     if not install_shutdown_hook():
         worker.log.warning("agui-adapter: no SIGTERM hand-over hook in this worker")
 
