@@ -54,6 +54,11 @@ RECV = 65536
 _LONGEST_POLL_MS = 2**31 - 1  # poll() takes a C int: a longer wait (a timeout of years) is cut to 24 days
 #: The environ key of ``Connection.hung_up`` (a call, no argument, True once the client left).
 CLIENT_GONE_KEY = "agui.client_gone"
+#: The environ key of what the application left in the environ when it declined to answer a
+#: request on the I/O thread (``answer_inline`` returned None): offered again in the environ
+#: of the same request on its worker, so that the work done while declining (the checks of a
+#: body already parsed) is not done twice. Absent when there is nothing to carry.
+INLINE_CARRY_KEY = "agui.inline_carry"
 # Linux says "the peer closed its side" (POLLRDHUP) even with unread bytes in the buffer;
 # elsewhere a readable socket is peeked at: no bytes at all is the end of the stream.
 _RDHUP = getattr(select, "POLLRDHUP", 0)
@@ -116,6 +121,7 @@ class Connection:
         "aborted",
         "reader",
         "ticket",
+        "carry",
         "_polls",
     )
 
@@ -134,6 +140,9 @@ class Connection:
         """Its buffered reads (bytes read past a request are the next one's)."""
         self.ticket = 0
         """While it waits on the server's I/O thread, which of its deadlines is current (else 0)."""
+        self.carry: Any = None
+        """What the application left when it declined its request on the I/O thread, for the
+        same request's environ on its worker (``INLINE_CARRY_KEY``)."""
         self._polls: dict[int, select.poll] = {}
 
     def ready(self, events: int, timeout: float) -> bool:

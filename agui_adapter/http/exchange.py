@@ -19,6 +19,7 @@ from urllib.parse import unquote_to_bytes
 
 from agui_adapter.http.connection import (
     CLIENT_GONE_KEY,
+    INLINE_CARRY_KEY,
     BodyError,
     Connection,
     ConnState,
@@ -131,6 +132,8 @@ class Exchanges:
             environ[key] = value
         if req.chunked:
             environ.pop("CONTENT_LENGTH", None)
+        if conn.carry is not None:  # the same request, declined on the I/O thread a moment ago
+            environ[INLINE_CARRY_KEY], conn.carry = conn.carry, None
         return environ
 
     def run_app(
@@ -144,6 +147,7 @@ class Exchanges:
             if inline is not None:
                 result = inline(environ, response.start_response)
                 if result is None:
+                    conn.carry = environ.get(INLINE_CARRY_KEY)  # for the same request on its worker
                     return False
             else:
                 result = self.app(environ, response.start_response)

@@ -5,7 +5,10 @@ connection sent hold a whole request with a small body and the application offer
 ``answer_inline(environ, start_response)`` (a refusal before admission, ``/health``), it runs
 on the I/O thread and its answer, head and body, goes out in one ``send``: no thread hand-off.
 This module decides that and sends; what then becomes of the connection (closed, kept waiting,
-or handed to a worker with the rest of the answer) is the server's, told by a ``Step``.
+or handed to a worker with the rest of the answer) is the server's, told by a ``Step``. When
+the application declines, what it left in the environ under ``INLINE_CARRY_KEY`` (a run's
+checks, done before it knew it must decline) is offered to the same request on its worker
+(``exchange.Exchanges.run_app`` keeps it on the connection, ``environ`` hands it on once).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
 from agui_adapter import PROTOCOL_VERSION, __version__
-from agui_adapter.http.connection import CLIENT_GONE_KEY
+from agui_adapter.http.connection import CLIENT_GONE_KEY, INLINE_CARRY_KEY
 from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.ops import logs
 from agui_adapter.ops.faults import describe
@@ -303,7 +303,8 @@ class AguiApp:
 
     def answer_inline(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes] | None:
         """The answer if it never blocks (see the module docstring), else None: the server then
-        calls the app on a thread of its own, with the same request."""
+        calls the app on a thread of its own, with the same request and what this call left
+        under ``INLINE_CARRY_KEY`` (a run's checks: its body is parsed and checked once)."""
         if self.tracing.enabled:  # one span per request: never start one to drop it
             return None
         environ[INLINE_KEY] = True
@@ -518,17 +519,26 @@ class AguiApp:
         checks.check_content_type(environ)
         checks.check_accept(environ)
         body = checks.read_body(environ, MAX_RUN_BODY, msg.BODY_TOO_LARGE)
-        payload = checks.parse_json(body, msg.INVALID_JSON)
+        # The same body parsed and checked on the I/O thread a moment ago, which declined it
+        # (below): its payload and run input are taken as they are, not made again.
+        carried = environ.get(INLINE_CARRY_KEY)
+        checked = carried[1:] if type(carried) is tuple and carried[0] == body else None
+        payload = checks.parse_json(body, msg.INVALID_JSON) if checked is None else checked[0]
         hint = preferred_language_hint(payload)
         if hint is not None:  # without one, the language is the one negotiated already
             language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
+        inline = environ.get(INLINE_KEY)
         try:
-            check_json_text(payload, body)
-            body = b""  # the payload is all that is used from here (a body with images is MiBs)
-            run_input = validate_run_input(payload)
+            if checked is None:
+                check_json_text(payload, body)
+            # the payload is all that is used from here (a body with images is MiBs); one read
+            # on the I/O thread (16 KiB at most) is kept to be recognised on the worker
+            seen, body = (body if inline else b""), b""
+            run_input = validate_run_input(payload) if checked is None else checked[1]
             self._known_ids(environ, run_input.thread_id, run_input.run_id)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
-            if environ.get(INLINE_KEY):  # admission and reattach write and wait: a thread's work
+            if inline:  # admission and reattach write and wait: a thread's work
+                environ[INLINE_CARRY_KEY] = (seen, payload, run_input)  # for the worker (``http.exchange``)
                 raise _NeedsThread
             after = last_event_id(environ)
             if after is not None:  # a reattach, if the thread knows this run with this body

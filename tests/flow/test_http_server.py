@@ -25,6 +25,7 @@ import pytest
 
 from agui_adapter.cli import build_app
 from agui_adapter.config import Settings
+from agui_adapter.http.connection import INLINE_CARRY_KEY
 from agui_adapter.http.server import ServerLimits, WSGIServer
 from agui_adapter.kernel_client.launch import KernelProcess
 
@@ -984,6 +985,46 @@ def test_quick_answers_come_from_the_io_thread_and_the_rest_from_a_worker(serve_
     assert len(app.inline) == 41 and {name for _, name in app.inline} == {io_thread}
     assert app.threaded and all(name != io_thread for _, name in app.threaded)
     assert [c.requests for c in server.connections()] == [42]
+    conn.close()
+
+
+class CarryingApp:
+    """Declines every request on the I/O thread; for ``/carry`` it leaves a note there, as the
+    adapter leaves a run's checks; records what each call found in the environ."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Any]] = []  # (path, where, carry found)
+
+    def answer_inline(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        body = environ["wsgi.input"].read()
+        self.seen.append((environ["PATH_INFO"], "inline", environ.get(INLINE_CARRY_KEY)))
+        if environ["PATH_INFO"] == "/carry":
+            environ[INLINE_CARRY_KEY] = ("checked", body)
+        return None
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        body = environ["wsgi.input"].read()
+        self.seen.append((environ["PATH_INFO"], "worker", environ.get(INLINE_CARRY_KEY)))
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+
+def test_what_an_app_left_when_declining_reaches_the_same_request_on_its_worker_only(serve_named: Serve) -> None:
+    app = CarryingApp()
+    server = serve_named(app)
+    conn = Conn(server.server_port)
+    for path, body in (("/carry", b"abc"), ("/plain", b"xyz"), ("/carry", b"defg")):
+        conn.request("POST", path, body)
+        status, _, answer = conn.response()
+        assert status == 200 and answer == body
+    assert app.seen == [
+        ("/carry", "inline", None),
+        ("/carry", "worker", ("checked", b"abc")),
+        ("/plain", "inline", None),  # taken by the request it was left for, never the next one
+        ("/plain", "worker", None),
+        ("/carry", "inline", None),
+        ("/carry", "worker", ("checked", b"defg")),
+    ]
     conn.close()
 
 
