@@ -22,7 +22,9 @@ instead of being refused ``THREAD_BUSY`` (``_lock_after_leaving_run``).
 
 A new turn on a thread whose last run died with its process (its execution still live, no run
 holding the thread) first has that run adopted (``adoption``): it holds the thread again and the
-turn is ``THREAD_BUSY``, unless it ends at once (its task is gone).
+turn is ``THREAD_BUSY``, unless it ends at once (its task is gone). That is seen in the same read
+of the record as the checks (``_Orphaned`` leaves the lock to adopt, then the checks run again):
+one read per admission, not two.
 """
 
 from __future__ import annotations
@@ -83,6 +85,18 @@ class _AskKernel(Exception):
     def __init__(self, task_id: str) -> None:
         super().__init__(task_id)
         self.task_id = task_id
+
+
+def _orphan_possible(record: ThreadRecord) -> bool:
+    """Whether the thread's execution is live although no run holds the thread (we do): the
+    run of it died with its process, and may be adopted."""
+    live = record.execution
+    return bool(live.task_id) and not live.terminal and not live.waiting
+
+
+class _Orphaned(Exception):
+    """The record shows a live execution no run holds (its run died with its process): it is
+    adopted outside the record lock, then the checks run again."""
 
 
 class Admitter:
@@ -150,16 +164,20 @@ class Admitter:
             log.error("thread %s: %s", thread_id, exc)
             raise AguiError(Code.STATE_UNAVAILABLE, msg.STATE_UNAVAILABLE) from None
         try:
-            if mode is Mode.TURN and run_lock is not None and self._orphan_possible(thread_id):
-                run_lock = self._after_adopting(thread_id, run_lock)
+            # a new turn with the thread in hand first adopts a run that died with its process
+            adopt = mode is Mode.TURN and run_lock is not None
             lost: dict[str, bool] = {}  # the kernel's word on interrupted tasks, asked outside the lock
             while True:
                 try:
                     with self.store.locked(thread_id):
-                        record, stale_task_id = self._write_down(run_input, digest, run_lock, cwd, mode, lost)
+                        record, stale_task_id = self._write_down(run_input, digest, run_lock, cwd, mode, lost, adopt)
                     break
                 except _AskKernel as ask:
                     lost[ask.task_id] = ask_whether_lost(self.kernel, ask.task_id)
+                except _Orphaned:
+                    adopt = False
+                    assert run_lock is not None
+                    run_lock = self._after_adopting(thread_id, run_lock)
         except BaseException as exc:  # refused: the thread is given back at once
             if run_lock is not None:
                 run_lock.release()
@@ -170,14 +188,25 @@ class Admitter:
         return Admission(run_input, language, record, run_lock, mode, parts=parts, stale_task_id=stale_task_id)
 
     def _write_down(
-        self, run_input: RunInput, digest: str, run_lock: RunLock | None, cwd: Any, mode: Mode, lost: dict[str, bool]
+        self,
+        run_input: RunInput,
+        digest: str,
+        run_lock: RunLock | None,
+        cwd: Any,
+        mode: Mode,
+        lost: dict[str, bool],
+        adopt: bool = False,
     ) -> tuple[ThreadRecord, str | None]:
         """Under the record lock: the checks, then the admitted run written down; the record,
         and the task of the previous execution that may still run. Raises ``_AskKernel``
-        when a check needs the kernel's word that ``lost`` does not have yet."""
+        when a check needs the kernel's word that ``lost`` does not have yet, and, with
+        ``adopt``, ``_Orphaned`` when the record shows a run to adopt first (one read of the
+        record serves both)."""
         props = run_input.props
         thread_id = run_input.thread_id
         record = self.store.load(thread_id)
+        if adopt and record is not None and _orphan_possible(record):
+            raise _Orphaned
         if record is None:
             if mode is not Mode.TURN:
                 raise AguiError(Code.EXECUTION_LOST, msg.EXECUTION_LOST_NO_THREAD)
@@ -205,15 +234,6 @@ class Admitter:
         ensure_workspace(cwd)
         self.store.save(record)
         return record, stale_task_id
-
-    def _orphan_possible(self, thread_id: str) -> bool:
-        """Whether the thread's execution is live although no run holds the thread (we do):
-        the run of it died with its process, and may be adopted."""
-        record = self.store.load(thread_id)
-        if record is None:
-            return False
-        live = record.execution
-        return bool(live.task_id) and not live.terminal and not live.waiting
 
     def _after_adopting(self, thread_id: str, run_lock: RunLock) -> RunLock | None:
         """A new turn on a thread whose last execution is still live while no run holds the

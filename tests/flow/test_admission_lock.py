@@ -51,3 +51,38 @@ def test_a_slow_kernel_answer_does_not_hold_the_threads_record(
     [refused] = turns
     # the kernel still has the interrupted task: the turn is refused, decided under the lock again
     assert refused.status == 409 and refused.error and refused.error["code"] == "RESUME_REQUIRED"
+
+
+def test_a_turn_on_a_known_thread_is_admitted_on_one_read_of_its_record(
+    make_adapter: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check for a run to adopt (one that died with its process) and the admission's own
+    checks share one read of the record, under its lock: a record holds up to 50 runs, and
+    every turn of a conversation is admitted on it."""
+    adapter = make_adapter()
+    client = adapter.client()
+    first = run_body(cwd=str(workspace))
+    assert client.run(first).status == 200
+    engine, store = adapter.app.engine, adapter.app.engine.store
+    admitting = threading.Event()
+    loads: list[str] = []
+    load, admit = store.load, engine.admit
+
+    def counted_load(thread_id: str) -> Any:
+        if admitting.is_set():
+            loads.append(thread_id)
+        return load(thread_id)
+
+    def watched_admit(*args: Any, **kwargs: Any) -> Any:
+        admitting.set()
+        try:
+            return admit(*args, **kwargs)
+        finally:
+            admitting.clear()
+
+    monkeypatch.setattr(store, "load", counted_load)
+    monkeypatch.setattr(engine, "admit", watched_admit)
+    for text in ("second", "third"):
+        result = client.run(run_body(text, thread_id=first["threadId"], cwd=str(workspace)))
+        assert result.status == 200 and result.types()[-1] == "RUN_FINISHED"
+    assert loads == [first["threadId"]] * 2
