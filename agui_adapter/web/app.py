@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -88,6 +88,14 @@ ROUTE_KEY = "agui_adapter.route"
 INLINE_KEY = "agui_adapter.inline"
 #: The routes ``answer_inline`` answers (``run`` up to admission); every other one needs a thread.
 INLINE_ROUTES = frozenset(("health", "run"))
+
+
+class _Checked(NamedTuple):
+    """A run's body as checked on the I/O thread before it declined (``INLINE_CARRY_KEY``)."""
+
+    body: bytes
+    payload: Any
+    run_input: Any
 
 
 class _NeedsThread(BaseException):  # noqa: N818 - a signal, not an error: ``except Exception`` lets it by
@@ -521,9 +529,10 @@ class AguiApp:
         body = checks.read_body(environ, MAX_RUN_BODY, msg.BODY_TOO_LARGE)
         # The same body parsed and checked on the I/O thread a moment ago, which declined it
         # (below): its payload and run input are taken as they are, not made again.
-        carried = environ.get(INLINE_CARRY_KEY)
-        checked = carried[1:] if type(carried) is tuple and carried[0] == body else None
-        payload = checks.parse_json(body, msg.INVALID_JSON) if checked is None else checked[0]
+        checked = environ.get(INLINE_CARRY_KEY)
+        if type(checked) is not _Checked or checked.body != body:
+            checked = None
+        payload = checks.parse_json(body, msg.INVALID_JSON) if checked is None else checked.payload
         hint = preferred_language_hint(payload)
         if hint is not None:  # without one, the language is the one negotiated already
             language = negotiate_language(environ.get("HTTP_ACCEPT_LANGUAGE"), hint, self.default_language)
@@ -534,11 +543,11 @@ class AguiApp:
             # the payload is all that is used from here (a body with images is MiBs); one read
             # on the I/O thread (16 KiB at most) is kept to be recognised on the worker
             seen, body = (body if inline else b""), b""
-            run_input = validate_run_input(payload) if checked is None else checked[1]
+            run_input = validate_run_input(payload) if checked is None else checked.run_input
             self._known_ids(environ, run_input.thread_id, run_input.run_id)
             check_thread_header(environ.get("HTTP_X_AGUI_THREAD_ID"), run_input.thread_id)
             if inline:  # admission and reattach write and wait: a thread's work
-                environ[INLINE_CARRY_KEY] = (seen, payload, run_input)  # for the worker (``http.exchange``)
+                environ[INLINE_CARRY_KEY] = _Checked(seen, payload, run_input)  # for the worker (``http.exchange``)
                 raise _NeedsThread
             after = last_event_id(environ)
             if after is not None:  # a reattach, if the thread knows this run with this body

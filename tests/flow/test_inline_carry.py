@@ -77,7 +77,7 @@ def test_a_carry_for_other_bytes_is_not_taken(adapter: InProcessAdapter, workspa
     match the body (a server's mistake) is ignored, and the body is checked as it is."""
     good = run_body(cwd=str(workspace))
     good_bytes = json.dumps(good).encode()
-    carry = (good_bytes, good, validate_run_input(good))
+    carry = web_app._Checked(good_bytes, good, validate_run_input(good))
     bad = json.dumps({**good, "threadId": ""}).encode()
     status, first = _call(adapter, bad, carry)
     assert status.startswith("400") and json.loads(first)["error"]["code"] == "INVALID_INPUT"
