@@ -1,8 +1,8 @@
 """One live run's journal, as its driver keeps it (``run.driver``).
 
 Moved out of ``RunDriver`` so the driver keeps to the stream: the journal is opened with what a
-process adopting the run needs (never a secret), every written chunk is appended under its first
-event id, the journal ends with the chunk holding the terminal event, the pipeline's progress is
+process adopting the run needs (never a secret), every written chunk is appended with the id after its
+last event, the journal ends with the chunk holding the terminal event, the pipeline's progress is
 noted for an adopter, and a journal whose disk fails is dropped (the run goes on, it just cannot
 be reattached any more). At a hand-over the journal is let go marked handed over (``adoption``).
 """
@@ -45,16 +45,17 @@ class RunJournal:
         except OSError as exc:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
 
-    def append(self, chunk: bytes, first_id: int, translator: Any) -> None:
-        """A chunk the run wrote, its first event numbered ``first_id``."""
-        if first_id > 1 and self._journals is not None:  # past RUN_STARTED: the next run's journal
-            self._journals.replenish()
+    def append(self, chunk: bytes, next_id: int, translator: Any) -> None:
+        """A chunk the run wrote; ``next_id`` is the id after its last event (its events end
+        with a blank line each, so the chunk's first id is ``next_id`` less their count)."""
+        if self._journals is not None and next_id - chunk.count(b"\n\n") > 1:  # past RUN_STARTED
+            self._journals.replenish()  # the next run's journal, made while this one streams
             self._journals = None
         journal = self.writer
         if journal is None:
             return
         try:
-            journal.append(chunk, first_id)
+            journal.append(chunk, next_id)
         except OSError as exc:
             log.warning("run %s: journal write failed, it cannot be reattached any more: %s", self.run_id, exc)
             self.writer = None

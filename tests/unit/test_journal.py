@@ -283,9 +283,10 @@ def test_a_run_asks_for_the_next_spare_once_past_run_started(store: JournalStore
     journal = RunJournal("r1")
     journal.open(store, "t", Machine())  # takes the spare
     assert store._spare is None
-    journal.append(chunk(1, 1), 1, Translator())  # RUN_STARTED: still starting
+    # the driver passes the id after the chunk's last event, as the journal's writer takes it
+    journal.append(chunk(1, 1), 2, Translator())  # RUN_STARTED: still starting
     assert not store._wanted and store._spare is None
-    journal.append(chunk(2, 3), 2, Translator())  # its first events after RUN_STARTED
+    journal.append(chunk(2, 3), 5, Translator())  # its first events after RUN_STARTED
     wait_for(lambda: store._spare is not None, 10)
     journal.end()
 
