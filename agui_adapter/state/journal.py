@@ -275,12 +275,13 @@ class JournalStore:
         of the time to RUN_STARTED when made here."""
         self._start_sweeper()
         directory = self.run_dir(thread_id, run_id)
-        if directory.exists():  # a run id journaled before (retention kept it): start afresh
-            shutil.rmtree(directory, ignore_errors=True)
         spare = self._take_spare()
         for attempt in range(3):
             try:
-                self._make_thread_dir(directory.parent)
+                # a run id journaled before (retention kept it) starts afresh; a thread
+                # directory made just now holds no run, and is not looked into
+                if not self._make_thread_dir(directory.parent) and directory.exists():
+                    shutil.rmtree(directory, ignore_errors=True)
                 if spare is None:
                     spare = self._make_fresh(directory.parent)
                 fresh, writer = spare
@@ -358,19 +359,23 @@ class JournalStore:
                 self._spare = (fresh, writer)
                 self._making = False
 
-    def _make_thread_dir(self, directory: Path) -> None:
+    def _make_thread_dir(self, directory: Path) -> bool:
         """The thread's journal directory, and the root's mode set to 0700 when the root is
-        made (and once per process): one ``mkdir`` when both exist."""
+        made (and once per process): one ``mkdir`` when both exist. Whether the thread's
+        directory was made now (it then holds no run)."""
+        made = True
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
-            pass
-        except FileNotFoundError:
+            made = False
+        except FileNotFoundError:  # the root is made too (rare: looked into all the same)
+            made = False
             self._root_private = False
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self._root_private:
             os.chmod(self.root, 0o700)
             self._root_private = True
+        return made
 
     def open_reader(self, thread_id: str, run_id: str, after: int) -> JournalReader:
         """A reader of the run's events after id ``after`` (RunNotFound, ReplayUnavailable)."""

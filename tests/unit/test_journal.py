@@ -340,3 +340,16 @@ def test_without_room_for_a_spare_runs_make_their_own_and_the_maker_tries_again(
     wait_for(lambda: store._spare is not None and len(spare_dirs(store)) == 1, 10)
     for writer in (first, second, third):
         writer.end()
+
+
+def test_a_run_id_journaled_before_starts_afresh(store: JournalStore) -> None:
+    """The same run id again on a thread whose journal directory exists (retention kept the
+    first journal): the new journal holds only its own events, never the old ones."""
+    old = store.open_writer("t", "r1", {"runId": "r1"})
+    old.append(chunk(1, 3), 4)
+    old.end()
+    store.open_writer("t", "other").end()  # the thread's directory is there, not made anew
+    again = store.open_writer("t", "r1", {"runId": "r1"})
+    again.append(chunk(1, 1, size=3), 2)
+    assert ids(store.open_reader("t", "r1", 0).read()) == [1]
+    again.end()
