@@ -202,7 +202,7 @@ class RecordLog:
             self._thread.start()
 
     # --- the store's side -----------------------------------------------------------
-    def append(self, payload: bytes, record_path: Path) -> _LogFile | None:
+    def append(self, payload: bytes, record_path: str | Path) -> _LogFile | None:
         """Log ``payload``, the record about to be renamed into ``record_path``, and sync it;
         None when the log does not take it (the store writes the record the classic way).
         The caller writes the record file and then calls ``written`` with what this returned,

@@ -221,7 +221,7 @@ def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -
     real_open = waiter_store._open_lock_file
     opens: list[int] = []
 
-    def spying_open(lock_path: Path) -> int:
+    def spying_open(lock_path: str) -> int:
         fd = real_open(lock_path)
         opens.append(os.fstat(fd).st_ino)
         opened.set()
@@ -261,11 +261,11 @@ def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -
 
 def test_a_run_lock_try_on_a_deleted_file_retries_too(store: ThreadStore) -> None:
     make_thread(store, "run-raced", age_days=0)
-    path = store.threads_dir / "run-raced.run"
+    path = str(store.threads_dir / "run-raced.run")
     real_open = store._open_lock_file
-    calls: list[Path] = []
+    calls: list[str] = []
 
-    def deleting_open(lock_path: Path) -> int:
+    def deleting_open(lock_path: str) -> int:
         fd = real_open(lock_path)
         calls.append(lock_path)
         if len(calls) == 1:
