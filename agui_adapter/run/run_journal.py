@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agui_adapter.state.journal import JournalStore, JournalWriter
+from agui_adapter.state.journal import JournalStore, JournalWriter, first_id_of
 
 log = logging.getLogger("agui_adapter.run")
 
@@ -46,9 +46,8 @@ class RunJournal:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
 
     def append(self, chunk: bytes, next_id: int, translator: Any) -> None:
-        """A chunk the run wrote; ``next_id`` is the id after its last event (its events end
-        with a blank line each, so the chunk's first id is ``next_id`` less their count)."""
-        if self._journals is not None and next_id - chunk.count(b"\n\n") > 1:  # past RUN_STARTED
+        """A chunk the run wrote; ``next_id`` is the id after its last event."""
+        if self._journals is not None and first_id_of(chunk, next_id) > 1:  # past RUN_STARTED
             self._journals.replenish()  # the next run's journal, made while this one streams
             self._journals = None
         journal = self.writer

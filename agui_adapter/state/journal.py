@@ -245,6 +245,12 @@ def count_readers(directory: Path) -> int:
 
 
 # ====================================================================== the store
+def first_id_of(chunk: bytes, next_id: int) -> int:
+    """The id of a chunk's first frame, ``next_id`` being the id after its last (each frame
+    ends with a blank line, and holds none)."""
+    return next_id - chunk.count(b"\n\n")
+
+
 class JournalStore:
     """Where the journals of one state directory live; one per process."""
 
@@ -594,7 +600,7 @@ class JournalWriter:
             self._sizes[-1] = (first_id, size + len(chunk))
             return
         view = memoryview(chunk)
-        frame_id = next_id - chunk.count(b"\n\n")  # the id of the chunk's first frame
+        frame_id = first_id_of(chunk, next_id)
         start = 0
         while start < len(chunk):
             first_id, size = self._sizes[-1]
