@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agui_adapter.http.rules import ResponseStart
-from agui_adapter.kernel_client import connections
+from agui_adapter.kernel_client import connections, repeats
 from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
 from agui_adapter.kernel_client.connections import KernelConnection, StreamConnections
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
@@ -190,20 +190,127 @@ class ConnectionStream(KernelStream):
 
 
 class FrameReader:
-    """Kernel SSE bytes in, JSON-RPC frames out (sans-I/O)."""
+    """Kernel SSE bytes in, JSON-RPC frames out (sans-I/O).
 
-    __slots__ = ("_decoder",)
+    A frame is a parsed JSON value, or a ``repeats.Repeat``: a status frame that repeats the
+    one before but for its text, recognised on its bytes and equal to what the parser gives.
+    """
+
+    __slots__ = ("_decoder", "_template")
 
     def __init__(self) -> None:
         self._decoder = SSEDecoder()
+        self._template: repeats.Template | None = None
 
     def feed(self, chunk: bytes) -> list[Any]:
-        payloads = self._decoder.feed(chunk)
-        return _load_all(payloads) if payloads else []
+        decoder = self._decoder
+        if self._template is None:
+            payloads = decoder.feed(chunk)
+            return self._frames(payloads) if payloads else []
+        # A read of repeats is taken whole (``_run_of_repeats``) from the first event that
+        # begins in it to the last that ends in it; the decoder takes what is around that.
+        frames: list[Any] = []
+        start = 0
+        if not decoder.empty:  # an event begun in an earlier read ends first
+            start = chunk.find(b"\r\n\r\n") + 4
+            if start < 4:
+                start = len(chunk)
+            payloads = decoder.feed(chunk[:start])
+            if payloads:
+                frames = self._frames(payloads)
+        cut = chunk.rfind(b"\r\n\r\n") + 4
+        if cut > start and decoder.empty:
+            run = self._run_of_repeats(chunk, start, cut)
+            if run is not None:
+                frames += run
+                start = cut
+        if start < len(chunk):
+            payloads = decoder.feed(chunk[start:] if start else chunk)
+            if payloads:
+                frames += self._frames(payloads)
+        return frames
 
     def close(self) -> list[Any]:
         payloads = self._decoder.close()
-        return _load_all(payloads) if payloads else []
+        return self._frames(payloads) if payloads else []
+
+    def _frames(self, payloads: list[bytes]) -> list[Any]:
+        template = self._template
+        if template is not None:
+            texts = repeats.texts_if_repeats(template, payloads)
+            found = [text for text in texts if text is not None]
+            if len(found) == len(payloads):  # the common case: every one a repeat
+                decoded = _texts(found)
+                if decoded is not None:
+                    return [repeats.Repeat(template, text) for text in decoded]
+            elif found:
+                decoded = _texts(found)
+                if decoded is not None:
+                    return self._mixed(payloads, texts, decoded)
+        frames = _load_all(payloads)
+        self._learn(payloads, frames)
+        return frames
+
+    def _run_of_repeats(self, chunk: bytes, start: int, end: int) -> list[Any] | None:
+        """The events of ``chunk[start:end]`` as repeats, if every one is a repeat: each text
+        runs to the next quote, and the run is checked whole against its template's bytes
+        around the texts found (one join, one comparison) rather than event by event."""
+        template = self._template
+        assert template is not None
+        head, tail, between = template.event_head, template.event_tail, template.between
+        texts: list[bytes] = []
+        find, add = chunk.find, texts.append
+        at, tail_length, step = start + len(head), len(tail), len(between)
+        while True:
+            quote = find(b'"', at, end)  # a repeat's text holds no quote: its end
+            if quote < 0:
+                return None
+            add(chunk[at:quote])
+            if quote + tail_length >= end:
+                break
+            at = quote + step
+        if head + between.join(texts) + tail != chunk[start:end]:
+            return None
+        array = b'","'.join(texts)
+        if array.endswith(b"\\") or b'\\","' in array:  # a text ending in a backslash
+            return None
+        decoded = _texts_of(b'["' + array + b'"]', len(texts))
+        if decoded is None:
+            return None
+        return [repeats.Repeat(template, text) for text in decoded]
+
+    def _mixed(self, payloads: list[bytes], texts: list[bytes | None], decoded: list[str]) -> list[Any]:
+        """Repeats where they are, the rest parsed whole (together) between them."""
+        rest = [payload for payload, text in zip(payloads, texts, strict=True) if text is None]
+        whole = _load_all(rest)
+        parsed, found = iter(whole), iter(decoded)
+        template = self._template
+        assert template is not None
+        frames = [repeats.Repeat(template, next(found)) if text is not None else next(parsed) for text in texts]
+        self._learn(rest, whole)
+        return frames
+
+    def _learn(self, payloads: list[bytes], frames: list[Any]) -> None:
+        """The last text frame parsed whole may be the next template (one tried per read)."""
+        for payload, frame in zip(reversed(payloads), reversed(frames), strict=True):
+            if repeats.text_of(frame) is not None:
+                template = repeats.learn(frame, payload, _decode_batch)
+                if template is not None:
+                    self._template = template
+                return
+
+
+def _texts(found: list[bytes]) -> list[str] | None:
+    """The texts of repeats, one parser call for all; None if the parser refuses any."""
+    return _texts_of(b'["' + b'","'.join(found) + b'"]', len(found))
+
+
+def _texts_of(array: bytes, count: int) -> list[str] | None:
+    try:
+        texts = _decode_batch(array)
+    except ValueError:
+        return None
+    return texts if type(texts) is list and len(texts) == count else None
 
 
 class SnapshotStream:

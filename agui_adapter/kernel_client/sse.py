@@ -27,6 +27,11 @@ class SSEDecoder:
         self._buffer = b""  # bytes not handled yet
         self._data: list[bytes] = []  # the data lines of an event begun, line by line
 
+    @property
+    def empty(self) -> bool:
+        """Nothing held: the next byte fed begins an event."""
+        return not self._buffer and not self._data
+
     def feed(self, chunk: bytes) -> list[bytes]:
         buffer = self._buffer + chunk if self._buffer else chunk
         if self._data:

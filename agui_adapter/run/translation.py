@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agui_adapter.kernel_client.repeats import Repeat
 from agui_adapter.protocol import events as ev
 from agui_adapter.protocol.events import Event
 from agui_adapter.protocol.spans import close_spans
@@ -93,6 +94,8 @@ class FrameInfo:
 
 def inspect_frame(frame: Any) -> FrameInfo:
     """Classify one JSON-RPC response frame of the kernel's stream (hot path: keep it lean)."""
+    if type(frame) is Repeat:
+        return _inspect_repeat(frame)
     result = frame.get("result") if type(frame) is dict else None
     if type(result) is not dict:
         if type(frame) is dict and "error" in frame:
@@ -133,6 +136,27 @@ def inspect_frame(frame: Any) -> FrameInfo:
             if confirmation is not None:
                 info.inputs = [confirmation]
     return info
+
+
+def _inspect_repeat(repeat: Repeat) -> FrameInfo:
+    """A repeat's template is looked into once: a repeat differs from it in the status
+    message's text alone, which nothing here reads but the body handed on."""
+    template = repeat.template
+    seen = template.inspected
+    if seen is None:
+        seen = template.inspected = inspect_frame(template.frame)
+    if seen.kind != "statusUpdate":  # the text is not in the body looked into: the long way
+        return inspect_frame(repeat.frame())
+    return FrameInfo(
+        "statusUpdate",
+        repeat.status_update(),
+        task_id=seen.task_id,
+        context_id=seen.context_id,
+        session_id=seen.session_id,
+        state=seen.state,
+        iac=seen.iac,
+        inputs=seen.inputs,
+    )
 
 
 def _session_id(iac: dict[str, Any]) -> str | None:

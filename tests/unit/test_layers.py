@@ -38,8 +38,13 @@ PURE_RUN = {
     "resume_replies", "resume_steps", "stream_end", "task_lost", "transitions", "translation", "usage",
 }  # fmt: skip
 #: What of the adapter the pure modules may use: the AG-UI side, the thread record's values and
-#: the kernel client's failure values (``KernelRejected``), never the client or the disk.
-PURE_MAY_IMPORT = ("agui_adapter.protocol", "agui_adapter.state.record", "agui_adapter.kernel_client.failures")
+#: the kernel client's values (``KernelRejected``, a frame's ``Repeat``), never the client or the disk.
+PURE_MAY_IMPORT = (
+    "agui_adapter.protocol",
+    "agui_adapter.state.record",
+    "agui_adapter.kernel_client.failures",
+    "agui_adapter.kernel_client.repeats",
+)
 IO_MODULES = {"os", "socket", "threading", "time", "requests", "http", "subprocess", "pathlib", "queue", "select"}
 
 
