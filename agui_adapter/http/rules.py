@@ -454,11 +454,24 @@ def parse_chunk_size(line: bytes) -> int:
     """The size of a chunk-size line (through its CRLF; extensions ignored); ``ProtocolError`` 400.
 
     Hex digits from the first byte (no whitespace before), optional extensions without
-    control bytes, optional SP/HTAB, CRLF (a bare LF is refused, as h11 and waitress do)."""
+    control bytes, optional SP/HTAB, CRLF (a bare LF is refused, as h11 and waitress do).
+
+    A size line met before is not matched again (``_SIZES``): a stream of like frames, such as
+    the kernel's deltas, sends the same few sizes thousands of times."""
+    size = _SIZES.get(line)
+    if size is not None:
+        return size
     match = _CHUNK_SIZE.fullmatch(line)
     if match is None:
         raise _bad_chunk()
-    return int(match.group(1), 16)
+    size = int(match.group(1), 16)
+    if len(line) <= 10 and len(_SIZES) < 4096:  # plain sizes only, and only so many
+        _SIZES[line] = size
+    return size
+
+
+#: size lines already matched -> their size (``parse_chunk_size``; bounded)
+_SIZES: dict[bytes, int] = {}
 
 
 def _bad_chunk() -> ProtocolError:

@@ -43,12 +43,16 @@ _PLACES_TRIED = 4
 class Template:
     """A text frame the parser read, and its bytes before and after its text."""
 
-    __slots__ = ("frame", "prefix", "suffix", "event_head", "event_tail", "between", "inspected")
+    __slots__ = ("frame", "prefix", "suffix", "event_head", "event_tail", "between", "inspected", "_path")
 
     def __init__(self, frame: dict[str, Any], prefix: bytes, suffix: bytes) -> None:
         self.frame = frame  # never changed: repeats share it
         self.prefix = prefix
         self.suffix = suffix
+        update = frame["result"]["statusUpdate"]
+        message = update["status"]["message"]
+        #: the dictionaries on the way to the text, and the parts after the first
+        self._path = (update, update["status"], message, message["parts"][0], message["parts"][1:])
         #: a repeat's SSE event is ``event_head + text + event_tail`` (the kernel's one-line
         #: events, CRLF line ends); ``between`` is what stands between two repeats' texts
         self.event_head = b"data: " + prefix
@@ -69,13 +73,9 @@ class Repeat:
 
     def status_update(self) -> dict[str, Any]:
         """The frame's ``result.statusUpdate``, new along the text's path, shared elsewhere."""
-        update = self.template.frame["result"]["statusUpdate"]
-        status = update["status"]
-        message = status["message"]
-        parts = message["parts"]
-        part = {**parts[0], "text": self.text}
-        new_parts = [part, *parts[1:]] if len(parts) > 1 else [part]
-        return {**update, "status": {**status, "message": {**message, "parts": new_parts}}}
+        update, status, message, part, more = self.template._path
+        parts = [{**part, "text": self.text}, *more] if more else [{**part, "text": self.text}]
+        return {**update, "status": {**status, "message": {**message, "parts": parts}}}
 
     def frame(self) -> dict[str, Any]:
         """The whole frame, as the parser would have given it."""

@@ -147,16 +147,12 @@ def _inspect_repeat(repeat: Repeat) -> FrameInfo:
         seen = template.inspected = inspect_frame(template.frame)
     if seen.kind != "statusUpdate":  # the text is not in the body looked into: the long way
         return inspect_frame(repeat.frame())
+    # positional (kind, body, task_id, context_id, session_id, state, iac, inputs): half the
+    # cost of naming them, once per delta
     return FrameInfo(
-        "statusUpdate",
-        repeat.status_update(),
-        task_id=seen.task_id,
-        context_id=seen.context_id,
-        session_id=seen.session_id,
-        state=seen.state,
-        iac=seen.iac,
-        inputs=seen.inputs,
-    )
+        "statusUpdate", repeat.status_update(), seen.task_id, seen.context_id, seen.session_id, seen.state,
+        seen.iac, seen.inputs,
+    )  # fmt: skip
 
 
 def _session_id(iac: dict[str, Any]) -> str | None:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agui_adapter.http import rules
 from agui_adapter.http.rules import (
     LAST_CHUNK,
     MAX_CHUNK_LINE,
@@ -427,6 +428,17 @@ def test_a_size_line_is_refused_as_soon_as_it_is_too_long() -> None:
 )
 def test_chunk_size_lines(line: bytes, size: int) -> None:
     assert parse_chunk_size(line) == size
+
+
+def test_a_chunk_size_line_met_before_gives_its_size_again_and_a_bad_one_is_refused_again() -> None:
+    for _ in range(3):
+        assert parse_chunk_size(b"1a3\r\n") == 0x1A3
+        with pytest.raises(ProtocolError):
+            parse_chunk_size(b"1a3\n")
+    for size in range(5000):  # the sizes kept are bounded
+        assert parse_chunk_size(b"%x\r\n" % size) == size
+    assert len(rules._SIZES) <= 4096
+    assert parse_chunk_size(b"FfF; name=value\r\n") == 0xFFF and b"FfF; name=value\r\n" not in rules._SIZES
 
 
 def test_a_chunk_size_line_must_end_with_crlf() -> None:
