@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import select
 import socket
+import struct
 import threading
 import time
 
@@ -77,14 +78,20 @@ class KernelConnection:
         self._pending = b""
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError as exc:  # the socket's own send timeout (``bound``)
+            raise TimeoutError("timed out") from exc
 
     def recv(self) -> bytes:
         """What the last parse left over, else one network read (``b""`` at the end)."""
         if self._pending:
             data, self._pending = self._pending, b""
             return data
-        return self.sock.recv(_READ)
+        try:
+            return self.sock.recv(_READ)
+        except BlockingIOError as exc:  # the socket's own receive timeout (``bound``)
+            raise TimeoutError("timed out") from exc
 
     def put_back(self, data: bytes) -> None:
         self._pending = data + self._pending
@@ -210,7 +217,7 @@ class StreamConnections:
         sock = socket.create_connection((self._host, self._port), timeout=self._connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self._read_timeout)
+            bound(sock, self._read_timeout)
         except OSError:
             sock.close()
             raise
@@ -229,6 +236,26 @@ class StreamConnections:
             idle, self._idle = self._idle, []
         for connection, _ in idle:
             connection.close()
+
+
+def bound(sock: socket.socket, seconds: float) -> None:
+    """Make ``sock`` blocking, each ``recv`` and ``send`` bounded by ``seconds`` of the system's
+    own socket timeouts (``SO_RCVTIMEO``, ``SO_SNDTIMEO``: the call fails with ``EAGAIN``,
+    which ``KernelConnection`` turns into ``TimeoutError``).
+
+    Why not ``settimeout``: a timed Python socket polls before every call, one more system
+    call per read of a stream that arrives a delta at a time, and under many runs one more
+    hand-off of the GIL (a run's reader thread reads the kernel's stream a few hundred times a
+    second). Where the options can't be set, ``settimeout`` does the job."""
+    whole = int(seconds)
+    timeval = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    except (AttributeError, OSError):
+        sock.settimeout(seconds)
+        return
+    sock.settimeout(None)
 
 
 def _dropped(sock: socket.socket) -> bool:

@@ -15,6 +15,9 @@ what those bytes mean, the way it does for the server's parser (``test_http_orac
 
 from __future__ import annotations
 
+import socket
+import time
+
 import h11
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -297,3 +300,22 @@ def test_a_header_value_that_could_break_the_head_is_refused(value: str) -> None
     with pytest.raises(ValueError) as caught:
         connections.request_head("/", "127.0.0.1", 80, {"Authorization": "Bearer " + value})
     assert value not in str(caught.value)
+
+
+def test_a_silent_kernel_times_out_by_the_sockets_own_timeout_not_a_poll_per_read() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        pool = connections.StreamConnections("127.0.0.1", port, connect_timeout=5.0, read_timeout=0.3, size=1)
+        connection, reused = pool.take()
+        peer, _ = server.accept()
+        with peer:
+            assert not reused
+            assert connection.sock.gettimeout() is None  # blocking: no poll before each recv
+            assert connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) != bytes(16)
+            peer.sendall(b"HTTP/1.1 200 OK\r\n")
+            assert connection.recv() == b"HTTP/1.1 200 OK\r\n"
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                connection.recv()  # the kernel says nothing more
+            assert time.monotonic() - started >= 0.2
+            connection.close()
