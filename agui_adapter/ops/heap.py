@@ -10,7 +10,10 @@ twice each: 2.2 MiB less RSS before the 200 streams and on their plateau; with t
 the 200-stream plateau of a full bench run was 65.4 MiB, against 67.6 MiB in the run before it.
 
 Trimming waits for a quiet second rather than following every run's end: a client sending
-runs one after the other would otherwise have its next run fault the pages back in.
+runs one after the other would otherwise have its next run fault the pages back in. And the
+trimmer's thread is woken only to begin an idle spell: a run's start, and a spell begun again
+while it times one, are seen when its quiet second is over (a run starting after an idle spell
+does not hand the interpreter's lock to a thread that has nothing to do).
 """
 
 from __future__ import annotations
@@ -36,15 +39,16 @@ class HeapTrimmer:
         self._idle = False
         self._trimmed_at = -1  # ``_moves`` when the heaps were last trimmed
         self._thread: threading.Thread | None = None
+        self._waiting = False  # the thread waits for an idle spell to begin (no timeout)
         self.trims = 0
 
     def busy(self) -> None:
-        """A run started: whatever idle spell there was is over."""
+        """A run started: whatever idle spell there was is over (seen by the thread when the
+        spell's quiet time is over: nothing to wake it for)."""
         with self._changed:
             if self._idle:
                 self._idle = False
                 self._moves += 1
-                self._changed.notify()
 
     def idle(self) -> None:
         """The last live run ended: trim unless a run starts within ``quiet_seconds``."""
@@ -56,13 +60,16 @@ class HeapTrimmer:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="heap-trim", daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            if self._waiting:
+                self._changed.notify()
 
     def _work(self) -> None:
         while True:
             with self._changed:
                 while not (self._idle and self._trimmed_at != self._moves):
+                    self._waiting = True
                     self._changed.wait()
+                    self._waiting = False
                 moves = self._moves
                 if self._changed.wait_for(lambda moves=moves: self._moves != moves, self.quiet_seconds):
                     continue  # it did not stay idle: look again

@@ -270,10 +270,11 @@ class RecordLog:
 
     def written(self, ticket: _LogFile) -> None:
         """The record file an ``append`` was for is written (or failed): its log file may be
-        checkpointed now."""
+        checkpointed now. The log's thread is woken only when it waits for that: the standby
+        file, due for its checkpoint (``_step``); not after every durable save."""
         with self._lock:
             ticket.writing -= 1
-            if ticket.writing == 0:
+            if ticket.writing == 0 and self._dirty and ticket is self._standby:
                 self._wake.notify_all()
 
     def _rotate(self) -> _LogFile:  # holding the lock, the standby clean

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,3 +57,29 @@ def test_the_live_runs_tell_the_process_trimmer(make_adapter: Any, tmp_path: Pat
     result = adapter.client().run(run_body("hello", cwd=str(tmp_path / "ws")))
     assert result.terminal["type"] == "RUN_FINISHED"
     wait_for(lambda: HEAP.trims > before)
+
+
+class CountingCondition(threading.Condition):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_the_trimmers_thread_is_woken_only_to_begin_an_idle_spell() -> None:
+    trimmer, trims = counting(quiet=0.3)
+    trimmer._changed = changed = CountingCondition()  # before its thread starts (the first idle)
+    trimmer.idle()
+    trimmer.busy()  # a run started: seen when the quiet time is over, no wake-up
+    trimmer.idle()  # a spell begun again while the thread times one: the same
+    assert changed.notified == 0
+    wait_for(lambda: trims)
+    wait_for(lambda: trimmer._waiting)  # trimmed: the thread waits for the next spell
+    trimmer.busy()
+    assert changed.notified == 0
+    trimmer.idle()  # the next spell: the waiting thread is woken for it
+    assert changed.notified == 1
+    wait_for(lambda: len(trims) == 2)

@@ -118,6 +118,22 @@ def test_a_half_full_file_is_checkpointed_once_its_records_are_written(made: Rec
     assert entries_of(second) == [b"later"]
 
 
+def test_a_save_wakes_the_logs_thread_only_when_it_waits_for_that_save(made: RecordLog) -> None:
+    notified: list[int] = []
+
+    class Counting(threading.Condition):
+        def notify_all(self) -> None:
+            notified.append(1)
+            super().notify_all()
+
+    made._wake = Counting(made._lock)
+    for i in range(20):  # saves to the active file: nothing waits for them
+        ticket = made.append(b'{"threadId":"t%d"}' % i, made.threads_dir / f"t{i}.json")
+        assert ticket is not None
+        made.written(ticket)
+    assert notified == []
+
+
 def concurrent_appends(made: RecordLog, monkeypatch: pytest.MonkeyPatch, first_sync: object) -> tuple[list, list]:
     """Eight threads append at once; the first ``fdatasync`` waits until all eight entries
     are in the file, then does ``first_sync`` (None: sync; an exception: raise it). The
