@@ -142,6 +142,7 @@ class RunDriver:
 
     def __next__(self) -> bytes:
         self._life.move_if((Attach.NEW,), Attach.ATTACHED)
+        self._journal.sent()  # the server wrote the chunk before: what waited for that
         token = RUN_IDS.set(self._ids)
         trace = self._trace.attach()
         try:
@@ -213,6 +214,7 @@ class RunDriver:
         try:
             if self._pump is not None:
                 self._pump.stop()
+            self._journal.sent()  # past RUN_STARTED but never sent on (a detached run's end)
             self._journal.end()
         finally:
             self.services.run_ended(self)

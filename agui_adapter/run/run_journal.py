@@ -25,6 +25,7 @@ class RunJournal:
         self.writer: JournalWriter | None = None
         self.terminal_encoded = False  # the chunk with the terminal event was encoded: the journal ends with it
         self._journals: JournalStore | None = None  # until it asked for the next spare journal
+        self._spare_due = False  # a chunk past RUN_STARTED was appended: ask once it is sent
 
     def open(self, journals: JournalStore, thread_id: str, machine: Any) -> None:
         props = machine.run_input.props
@@ -48,8 +49,7 @@ class RunJournal:
     def append(self, chunk: bytes, next_id: int, translator: Any) -> None:
         """A chunk the run wrote; ``next_id`` is the id after its last event."""
         if self._journals is not None and first_id_of(chunk, next_id) > 1:  # past RUN_STARTED
-            self._journals.replenish()  # the next run's journal, made while this one streams
-            self._journals = None
+            self._spare_due = True
         journal = self.writer
         if journal is None:
             return
@@ -67,6 +67,16 @@ class RunJournal:
                 journal.note_pipeline(translator.pipeline.to_json())
             except OSError as exc:
                 log.warning("run %s: could not note the pipeline's progress: %s", self.run_id, exc)
+
+    def sent(self) -> None:
+        """The chunk appended last is with the client's server: once the run is past
+        RUN_STARTED, the next run's journal is asked for now (made while this one streams).
+        Not at the append: the maker's thread would take the interpreter's lock from the run
+        on its way to send its first events."""
+        if self._spare_due and self._journals is not None:
+            self._journals.replenish()
+            self._journals = None
+            self._spare_due = False
 
     def end(self) -> None:
         journal, self.writer = self.writer, None

@@ -262,7 +262,7 @@ def test_a_journal_made_ahead_of_need_is_taken_by_the_next_run_whole(store: Jour
     first.end()
 
 
-def test_a_run_asks_for_the_next_spare_once_past_run_started(store: JournalStore) -> None:
+def test_a_run_asks_for_the_next_spare_once_its_first_events_past_run_started_are_sent(store: JournalStore) -> None:
     from agui_adapter.run.run_journal import RunJournal
     from tests.support.flow import wait_for
 
@@ -285,8 +285,11 @@ def test_a_run_asks_for_the_next_spare_once_past_run_started(store: JournalStore
     assert store._spare is None
     # the driver passes the id after the chunk's last event, as the journal's writer takes it
     journal.append(chunk(1, 1), 2, Translator())  # RUN_STARTED: still starting
+    journal.sent()
     assert not store._wanted and store._spare is None
     journal.append(chunk(2, 3), 5, Translator())  # its first events after RUN_STARTED
+    assert not store._wanted and store._spare is None  # not before they are sent
+    journal.sent()
     wait_for(lambda: store._spare is not None, 10)
     journal.end()
 
