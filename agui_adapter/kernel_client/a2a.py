@@ -218,8 +218,9 @@ class FrameReader:
             payloads = decoder.feed(chunk[:start])
             if payloads:
                 frames = self._frames(payloads)
-        cut = chunk.rfind(b"\r\n\r\n") + 4
-        if cut > start and decoder.empty:
+        cut = chunk.rfind(b"\r\n\r\n")
+        if cut >= start and decoder.empty:
+            cut += 4
             run = self._run_of_repeats(chunk, start, cut)
             if run is not None:
                 frames += run

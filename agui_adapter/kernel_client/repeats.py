@@ -112,7 +112,7 @@ def text_of(frame: Any) -> str | None:
 
 def learn(frame: Any, payload: bytes, loads: Callable[[bytes], Any]) -> Template | None:
     """A template from a parsed text frame and its bytes, if a place of its text checks out."""
-    if text_of(frame) is None:
+    if text_of(frame) is None or b"\n" in payload or b"\r" in payload:  # not a one-line event's
         return None
     start = 0
     for _ in range(_PLACES_TRIED):
@@ -122,8 +122,6 @@ def learn(frame: Any, payload: bytes, loads: Callable[[bytes], Any]) -> Template
         start = at + 8
         end = _string_end(payload, start)
         if end < 0:
-            return None
-        if b"\n" in payload or b"\r" in payload:  # not the bytes of a one-line event
             return None
         template = Template(frame, payload[:start], payload[end:])
         try:
