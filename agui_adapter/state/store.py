@@ -62,6 +62,12 @@ __all__ = [
 
 log = logging.getLogger("agui_adapter.state.store")
 
+#: The temporary files' random names: a generator of the store's own, so that saving a record
+#: draws nothing from the process's ``random`` (an embedding application's seeded sequence, or
+#: a test framework watching it, would see its state move); reseeded in a forked child, so that
+#: forked workers do not all pick the same names.
+_TEMP_NAMES = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _TEMP_NAMES.seed(os.urandom(32)))
 _SAFE_KEY = re.compile(r"^[a-z0-9_.-]{1,100}$")
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
@@ -360,9 +366,9 @@ class ThreadStore:
         returns, in ``log`` when it takes the entry, else the classic way (the temp file
         fsynced before the rename, the directory after). Nothing is logged for a temp file
         that could not be written."""
-        # a name no other writer picks (64 random bits; ``random`` is reseeded in a forked
+        # a name no other writer picks (64 random bits; ``_TEMP_NAMES`` is reseeded in a forked
         # child, and O_EXCL refuses a name taken) without a ``getrandom`` call per save
-        tmp_path = f"{self._prefix}.{os.path.basename(path)}.{random.getrandbits(64):016x}.tmp"
+        tmp_path = f"{self._prefix}.{os.path.basename(path)}.{_TEMP_NAMES.getrandbits(64):016x}.tmp"
         tmp_made = False
         logged = None
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,29 @@ def test_run_lock_holds_across_processes_and_dies_with_them(tmp_path: Path) -> N
     assert store.try_lock_run("t-1") is None  # and in one process too
     lock.release()
     assert store.try_lock_run("t-1") is not None
+
+
+def test_a_save_draws_nothing_from_the_process_random(tmp_path: Path) -> None:
+    store = ThreadStore(tmp_path)
+    random.seed(1234)
+    expected = [random.random() for _ in range(3)]
+    random.seed(1234)
+    for i in range(5):
+        store.save(record(f"t{i}"), durable=False)
+    assert [random.random() for _ in range(3)] == expected
+
+
+def test_forked_workers_pick_other_temporary_names() -> None:
+    from agui_adapter.state import store as store_module
+
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first name, to the parent
+        os.close(reader)
+        os.write(writer, b"%016x" % store_module._TEMP_NAMES.getrandbits(64))
+        os._exit(0)
+    os.close(writer)
+    child = os.read(reader, 16)
+    os.close(reader)
+    os.waitpid(pid, 0)
+    assert child != b"%016x" % store_module._TEMP_NAMES.getrandbits(64)
