@@ -58,7 +58,8 @@ class Template:
         self.event_head = b"data: " + prefix
         self.event_tail = suffix + b"\r\n\r\n"
         self.between = self.event_tail + self.event_head
-        #: what the frames' consumer made of ``frame`` (``run.translation`` keeps its FrameInfo)
+        #: what the frames' consumer made of ``frame`` (``run.translation`` keeps its FrameInfo
+        #: and what the status message says)
         self.inspected: Any = None
 
 

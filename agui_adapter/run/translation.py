@@ -90,6 +90,9 @@ class FrameInfo:
     iac: dict[str, Any] = field(default_factory=dict)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] | None = None
+    #: the status message's (messageId, text), when known without looking into ``body``: a
+    #: repeat's (``_inspect_repeat``); else None and ``status_text(body)`` says it
+    message: tuple[str | None, str] | None = None
 
 
 def inspect_frame(frame: Any) -> FrameInfo:
@@ -140,19 +143,28 @@ def inspect_frame(frame: Any) -> FrameInfo:
 
 def _inspect_repeat(repeat: Repeat) -> FrameInfo:
     """A repeat's template is looked into once: a repeat differs from it in the status
-    message's text alone, which nothing here reads but the body handed on."""
+    message's text alone, which nothing here reads but the body handed on, and the status
+    message's (messageId, text) it makes (``status_text``), known from the template when
+    the template's message, given a probe text, says (its id, that text)."""
     template = repeat.template
     seen = template.inspected
     if seen is None:
-        seen = template.inspected = inspect_frame(template.frame)
-    if seen.kind != "statusUpdate":  # the text is not in the body looked into: the long way
+        info = inspect_frame(template.frame)
+        probe = status_text(Repeat(template, _PROBE).status_update()) if info.kind == "statusUpdate" else (None, "")
+        seen = template.inspected = (info, probe[1] == _PROBE, probe[0])
+    info, plain_text, message_id = seen
+    if info.kind != "statusUpdate":  # the text is not in the body looked into: the long way
         return inspect_frame(repeat.frame())
-    # positional (kind, body, task_id, context_id, session_id, state, iac, inputs): half the
-    # cost of naming them, once per delta
+    # positional (kind, body, task_id, context_id, session_id, state, iac, inputs, error,
+    # message): half the cost of naming them, once per delta
     return FrameInfo(
-        "statusUpdate", repeat.status_update(), seen.task_id, seen.context_id, seen.session_id, seen.state,
-        seen.iac, seen.inputs,
+        "statusUpdate", repeat.status_update(), info.task_id, info.context_id, info.session_id, info.state,
+        info.iac, info.inputs, None, (message_id, repeat.text) if plain_text else None,
     )  # fmt: skip
+
+
+#: the text a template's status message is tried with (``_inspect_repeat``)
+_PROBE = "\x01probe\x02"
 
 
 def _session_id(iac: dict[str, Any]) -> str | None:
@@ -304,7 +316,7 @@ class RunTranslator:
         return out
 
     def _map_status_text(self, info: FrameInfo, ts: int, out: list[Event]) -> None:
-        message_id, text = status_text(info.body)
+        message_id, text = info.message or status_text(info.body)
         if not text:
             return
         if info.state in TERMINAL_STATES:
