@@ -240,14 +240,11 @@ class FrameReader:
         if template is not None:
             texts = repeats.texts_if_repeats(template, payloads)
             found = [text for text in texts if text is not None]
-            if len(found) == len(payloads):  # the common case: every one a repeat
-                decoded = _texts(found)
-                if decoded is not None:
+            decoded = _texts(found) if found else None
+            if decoded is not None:
+                if len(found) == len(payloads):  # the common case: every one a repeat
                     return [repeats.Repeat(template, text) for text in decoded]
-            elif found:
-                decoded = _texts(found)
-                if decoded is not None:
-                    return self._mixed(payloads, texts, decoded)
+                return self._mixed(payloads, texts, decoded)
         frames = _load_all(payloads)
         self._learn(payloads, frames)
         return frames
