@@ -112,8 +112,11 @@ def _segments(directory: Path) -> list[int]:
     return sorted(starts)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_private(path: Path, data: bytes, *, empty: bool = False) -> None:
+    """``data`` at ``path``, 0600. ``empty``: the file is new or empty (a spare's ``run.json``),
+    so it is opened without ``O_TRUNC``: on ext4 a file truncated to nothing has its data
+    written out when it is closed (``auto_da_alloc``), some 40 µs on the way to RUN_STARTED."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (0 if empty else os.O_TRUNC), 0o600)
     try:
         os.write(fd, data)
     finally:
@@ -292,7 +295,8 @@ class JournalStore:
                     spare = self._make_fresh(directory.parent)
                 fresh, writer = spare
                 if meta is not None:
-                    _write_private(fresh / RUN_META, json.dumps(meta).encode("utf-8"))
+                    # the spare's run.json, or a fresh journal's, is empty on the first attempt
+                    _write_private(fresh / RUN_META, json.dumps(meta).encode("utf-8"), empty=attempt == 0)
                 os.rename(fresh, directory)
             except FileNotFoundError:  # a sweeper removed the empty thread directory meanwhile
                 if attempt == 2:

@@ -356,3 +356,34 @@ def test_a_run_id_journaled_before_starts_afresh(store: JournalStore) -> None:
     again.append(chunk(1, 1, size=3), 2)
     assert ids(store.open_reader("t", "r1", 0).read()) == [1]
     again.end()
+
+
+def test_a_taken_spare_s_run_json_is_written_without_truncating_it(store: JournalStore, monkeypatch) -> None:
+    """A spare's run.json is empty: opening it with O_TRUNC would have ext4 write its data out
+    when it is closed (``auto_da_alloc``) on the way to RUN_STARTED. A retry, whose first
+    attempt may have written it, truncates."""
+    from tests.support.flow import wait_for
+
+    store.open_writer("t", "r1", {"runId": "r1"}).end()
+    wait_for(lambda: store._spare is not None, 10)
+    opened: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def recording_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append((os.fspath(path), flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    writer = store.open_writer("t", "r2", {"runId": "r2", "pad": "x" * 100})
+    monkeypatch.undo()
+    metas = [flags for path, flags in opened if path.endswith("run.json")]
+    assert len(metas) == 1 and not metas[0] & os.O_TRUNC and metas[0] & os.O_WRONLY
+    directory = store.run_dir("t", "r2")
+    assert json.loads((directory / "run.json").read_text()) == {"runId": "r2", "pad": "x" * 100}
+    assert (directory / "run.json").stat().st_mode & 0o777 == 0o600
+    writer.end()
+    # a shorter meta over a longer one (a retry's case) is truncated
+    from agui_adapter.state.journal import _write_private
+
+    _write_private(directory / "run.json", b"{}")
+    assert (directory / "run.json").read_bytes() == b"{}"
