@@ -13,10 +13,13 @@ avoids handing the GIL back and forth for every batch.
 Two threads meet here, so the handshake is explicit: one ``PumpState`` under one
 lock, changed by the reader (``OPENING`` -> ``READING`` -> ``DONE``) and by the run
 (``stop()`` -> ``STOPPED``; ``cancel_when_known()`` -> ``SEEKING_TASK``). ``stop()``
-unblocks the reader from any thread by closing the stream. The reader reads the first
-frames itself to learn the kernel task id, so that a run abandoned before the kernel
-named its task can still have that task cancelled: in ``SEEKING_TASK`` the reader
-reads on, queues nothing, and hands the task id to the callback once it is known.
+unblocks the reader from any thread by closing the stream. The reader keeps the
+bytes it queued while the task id is not known, so that a run abandoned before it
+learned its task from them can still have that task cancelled: ``cancel_when_known`` looks
+into them, and in ``SEEKING_TASK`` the reader reads on, queues nothing, and hands the task
+id to the callback once it is known. They are looked into only then (or once more than
+``UNREAD_BYTES`` of them pile up): parsed on the reader's thread as they came, they held the
+interpreter's lock from the run on its way to its first delta, which parses them anyway.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ log = logging.getLogger("agui_adapter.run.pump")
 #: The process's reader threads, every run's pump among them: a thread with nothing to read
 #: waits 10 s for the next run, and at most 8 wait at once.
 READERS = WarmThreads(idle_seconds=10.0, max_idle=8, name="kernel-reader")
+
+#: The most bytes a reader keeps unread while its stream has not named its task (the kernel
+#: names it in its first frame); past that they are looked into at once, and so on after.
+UNREAD_BYTES = 64 * 1024
 
 
 class KernelByteStream(Protocol):
@@ -115,6 +122,10 @@ class KernelPump:
         self._stream: KernelByteStream | None = None
         self._on_task_id: Callable[[str], None] | None = None
         self.task_id: str | None = None
+        # what was read while the task id is not known, not looked into yet (``_look_for_task``)
+        self._unread: list[bytes] | None = []
+        self._unread_bytes = 0
+        self._finder: FrameReader | None = None
         # The starting request's context (its id on this thread's log lines).
         self._context = contextvars.copy_context()
 
@@ -177,25 +188,46 @@ class KernelPump:
                 stream.close()
 
     def _read(self, stream: KernelByteStream) -> None:
-        reader: FrameReader | None = FrameReader()  # only until the task id is known
         for chunk in stream.chunks():
-            # queued first, looked into after: the run's first frames are not held up by it
+            if self._unread is not None:
+                self._keep_unread(chunk)  # before it is queued: the run that gets it may ask
             queued = self._state is PumpState.READING and self._put(Chunk(chunk))
-            if reader is not None:
-                for frame in reader.feed(chunk):
-                    task_id = inspect_frame(frame).task_id
-                    if task_id:
-                        self.task_id, reader = task_id, None
-                        break
             if queued and self._state is PumpState.READING:
                 continue
             state = self._state  # changed by the run: abandoned, or stopped
             if state is PumpState.SEEKING_TASK:
+                with self._lock:
+                    self._look_for_task()
                 if self.task_id:
                     self._hand_over_task_id(stream)
                     return
                 continue
             return
+
+    def _keep_unread(self, chunk: bytes) -> None:
+        with self._lock:
+            unread = self._unread
+            if unread is None:
+                return
+            unread.append(chunk)
+            self._unread_bytes += len(chunk)
+            if self._unread_bytes > UNREAD_BYTES:
+                self._look_for_task()
+
+    def _look_for_task(self) -> None:  # holding the lock
+        """Look into what was read and not looked into yet for the task id (``task_id``)."""
+        unread = self._unread
+        if unread is None:
+            return
+        self._unread, self._unread_bytes = [], 0
+        finder = self._finder = self._finder or FrameReader()
+        for chunk in unread:
+            for frame in finder.feed(chunk):
+                task_id = inspect_frame(frame).task_id
+                if task_id:
+                    self.task_id = task_id
+                    self._unread = self._finder = None  # known: nothing more is kept
+                    return
 
     def _hand_over_task_id(self, stream: KernelByteStream) -> None:
         with self._lock:
@@ -263,6 +295,7 @@ class KernelPump:
         """Abandon the stream, but first learn its task id and pass it to ``callback``."""
         with self._lock:
             state = self._state
+            self._look_for_task()
             if self.task_id and state is not PumpState.STOPPED:
                 self._state = PumpState.STOPPED
                 stream = self._stream

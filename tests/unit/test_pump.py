@@ -95,9 +95,41 @@ def test_bytes_then_the_end_arrive_in_order() -> None:
     opener.stream.end()
     items = drain(pump, StreamEnd)
     assert [type(i) for i in items] == [Chunk, Chunk, StreamEnd]
-    assert pump.task_id == "task-1"
     pump.join(WAIT)
     assert pump.state is PumpState.DONE
+
+
+def test_the_reader_looks_for_the_task_id_only_when_asked() -> None:
+    """The run parses what it gets; the reader does not parse it too (on its thread, it held the
+    interpreter's lock from the run on its way to the first delta), unless the run asks."""
+    opener = Opener()
+    opener.release.set()
+    pump = started(opener)
+    opener.stream.push(frame(text="before"), frame("task-1"), frame(text="y"))
+    opener.stream.end()
+    drain(pump, StreamEnd)
+    pump.join(WAIT)
+    assert pump.task_id is None  # not looked for
+    called: list[str] = []
+    pump.cancel_when_known(called.append)
+    assert called == ["task-1"] and pump.task_id == "task-1"
+
+
+def test_the_bytes_kept_unread_are_bounded() -> None:
+    """A stream that does not name its task at once: what the reader keeps is looked into once it
+    passes ``UNREAD_BYTES``, and nothing is kept once the task id is known."""
+    from agui_adapter.run.pump import UNREAD_BYTES
+
+    opener = Opener()
+    opener.release.set()
+    pump = started(opener)
+    big = "z" * 10_000
+    chunks = [frame(text=big) for _ in range(3)] + [frame("task-5")] + [frame(text=big) for _ in range(6)]
+    opener.stream.push(*chunks)
+    opener.stream.end()
+    drain(pump, StreamEnd)
+    pump.join(WAIT)
+    assert pump.task_id == "task-5" and pump._unread is None and pump._unread_bytes <= UNREAD_BYTES
 
 
 @pytest.mark.parametrize(
