@@ -171,6 +171,10 @@ class RecordLog:
         self._dirty = False
         self._thread: threading.Thread | None = None
         self._off = False
+        #: ``<pid>-<random>``, the name of this process's files once made (None before, and in a
+        #: forked child until it makes its own): the process's spare record files are named
+        #: after it (``recycled``), so that they are known as a dead process's with its log.
+        self.stem: str | None = None
         _LOGS.add(self)
 
     def _forget_files(self) -> None:
@@ -184,6 +188,7 @@ class RecordLog:
         self._active = self._standby = None
         self._dirty = False
         self._thread = None
+        self.stem = None
 
     @property
     def ready(self) -> bool:
@@ -333,6 +338,7 @@ class RecordLog:
         _sync_directory(self.directory.parent)  # the log's directory, made just now maybe
         with self._lock:
             self._active, self._standby = first, second
+            self.stem = stem
 
     def _checkpoint(self, old: _LogFile) -> None:
         """Make durable where they are now the records ``old`` names, then reset it."""
@@ -432,6 +438,11 @@ def _still_named(fd: int, path: Path) -> bool:
         return False
     held = os.fstat(fd)
     return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
+
+
+def file_stem(path: Path) -> str:
+    """The ``<pid>-<random>`` a log file is named after (``RecordLog.stem``)."""
+    return path.name.rsplit("-", 1)[0]
 
 
 def entry_thread(payload: bytes) -> tuple[str, int] | None:

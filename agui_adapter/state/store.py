@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agui_adapter.state import record_log
+from agui_adapter.state import record_log, recycled
 from agui_adapter.state.record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
 from agui_adapter.state.record_log import RecordLog
 
@@ -161,6 +161,11 @@ class ThreadStore:
         self.log: RecordLog | None = None
         #: Whether new files are 0600 as created (``_umask_keeps_owner_bits``): no ``fchmod``.
         self._umask_is_owner_rw = _umask_keeps_owner_bits()
+        #: The spare record files saves write into (``recycled``), once the log has files.
+        self._spares: recycled.Spares | None = None
+        #: The record lock's key this thread holds (``_locked_key``): only a save under its
+        #: record's lock recycles, so that no two saves link the same record as a spare.
+        self._holding = threading.local()
 
     def use_log(self) -> None:
         """Make durable saves through a record log of this process (``record_log``), its files
@@ -191,8 +196,9 @@ class ThreadStore:
         restored = 0
         try:
             # each log is deleted when the next is asked for: once its records are written back
-            for _path, entries in record_log.orphaned_entries(self.root / record_log.DIRECTORY):
+            for path, entries in record_log.orphaned_entries(self.root / record_log.DIRECTORY):
                 restored += self._write_back(entries)
+                recycled.remove_spares(str(self.threads_dir), record_log.file_stem(path))
         except OSError as exc:
             raise StoreError(f"cannot read the record logs: {exc.strerror}") from exc
         if restored:
@@ -291,9 +297,13 @@ class ThreadStore:
         with stripe:
             fd = self._acquire(key, ".lock", blocking=True)
             assert fd is not None
+            holding = self._holding
+            outer = getattr(holding, "key", None)
+            holding.key = key
             try:
                 yield fd
             finally:
+                holding.key = outer
                 os.close(fd)  # closing releases the flock
 
     @contextlib.contextmanager
@@ -304,8 +314,18 @@ class ThreadStore:
 
     # --- records ----------------------------------------------------------------------
     def load(self, thread_id: str) -> ThreadRecord | None:
-        data = self._read(self._record_file(thread_id))
-        return None if data is None else self._record(data, thread_id)
+        """The thread's record, None when it has none. A read that finds no whole record of
+        the thread reads again, twice: a file opened just before a save replaced it may be a
+        recycled one (``recycled``), truncated or rewritten meanwhile."""
+        path = self._record_file(thread_id)
+        for again in (2, 1, 0):
+            try:
+                data = self._read(path)
+                return None if data is None else self._record(data, thread_id)
+            except StoreError:
+                if not again:
+                    raise
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _record(data: Any, thread_id: str) -> ThreadRecord:
@@ -346,7 +366,8 @@ class ThreadStore:
         entry synced once the temporary file is written, before the rename), else the
         classic way."""
         self._ensure_dirs()
-        path = self._record_file(record.thread_id)
+        key = thread_key(record.thread_id)
+        path = self._prefix + key + ".json"
         record.revision += 1
         # compact: the indenting encoder is pure Python, and a record holds its last 50 runs
         payload = (
@@ -357,23 +378,48 @@ class ThreadStore:
         )
         started = time.perf_counter()
         the_log = self.log if durable else None
-        self._replace(path, payload, sync=durable, log=the_log)
+        spares = self._current_spares() if getattr(self._holding, "key", None) == key else None
+        self._replace(path, payload, sync=durable, log=the_log, spares=spares)
         if self.on_write is not None:
             self.on_write(time.perf_counter() - started, durable)
 
-    def _replace(self, path: str, payload: bytes, *, sync: bool, log: RecordLog | None = None) -> None:
+    def _current_spares(self) -> recycled.Spares | None:
+        """This process's spares, None until its record log has files (their stem)."""
+        stem = None if self.log is None else self.log.stem
+        if stem is None:
+            return None
+        spares = self._spares
+        if spares is None or spares.stem != stem:  # the first, or a forked child's own
+            spares = self._spares = recycled.Spares(self._prefix, stem)
+        return spares
+
+    def _replace(
+        self,
+        path: str,
+        payload: bytes,
+        *,
+        sync: bool,
+        log: RecordLog | None = None,
+        spares: recycled.Spares | None = None,
+    ) -> None:
         """``payload`` atomically at ``path`` (temp file, rename); ``sync``: on disk when this
         returns, in ``log`` when it takes the entry, else the classic way (the temp file
         fsynced before the rename, the directory after). Nothing is logged for a temp file
-        that could not be written."""
-        # a name no other writer picks (64 random bits; ``_TEMP_NAMES`` is reseeded in a forked
-        # child, and O_EXCL refuses a name taken) without a ``getrandom`` call per save
-        tmp_path = f"{self._prefix}.{os.path.basename(path)}.{_TEMP_NAMES.getrandbits(64):016x}.tmp"
+        that could not be written. With ``spares`` (the caller holds the record's lock), the
+        temp file is a spare when there is one, and the record replaced becomes one."""
         tmp_made = False
         logged = None
+        kept: str | None = None
         try:
-            # mkstemp's job in one call: a random name, created exclusively
-            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = self._open_spare(spares)
+            if fd is None:
+                # a name no other writer picks (64 random bits; ``_TEMP_NAMES`` is reseeded in
+                # a forked child, and O_EXCL refuses a name taken) without a ``getrandom`` call
+                tmp_path = f"{self._prefix}.{os.path.basename(path)}.{_TEMP_NAMES.getrandbits(64):016x}.tmp"
+                # mkstemp's job in one call: a random name, created exclusively
+                fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            else:
+                fd, tmp_path = fd
             tmp_made = True
             try:
                 if not self._umask_is_owner_rw:
@@ -387,8 +433,17 @@ class ThreadStore:
                     os.fsync(fd)
             finally:
                 os.close(fd)
+            if spares is not None:
+                kept = spares.name()
+                try:
+                    os.link(path, kept, follow_symlinks=False)
+                except OSError:  # a new record (or no hard links here): nothing to keep
+                    kept = None
             os.replace(tmp_path, path)
             tmp_made = False
+            if kept is not None:
+                spares.give(kept)  # type: ignore[union-attr]
+                kept = None
             if sync and logged is None:
                 self._sync_directory()
         except OSError as exc:
@@ -396,9 +451,23 @@ class ThreadStore:
         finally:
             if logged is not None:
                 log.written(logged)  # type: ignore[union-attr]
-            if tmp_made:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_path)
+            for leftover in (tmp_path, kept) if tmp_made else (kept,):
+                if leftover is not None:  # the record stays as it was; its second name goes
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
+
+    @staticmethod
+    def _open_spare(spares: recycled.Spares | None) -> tuple[int, str] | None:
+        """A spare open for writing, emptied, and its name; None when there is none to use."""
+        spare = None if spares is None else spares.take()
+        if spare is None:
+            return None
+        try:
+            return os.open(spare, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC), spare
+        except OSError:  # gone, or not a file of ours: dropped, and a file is made instead
+            with contextlib.suppress(OSError):
+                os.unlink(spare)
+            return None
 
     def _sync_directory(self) -> None:
         """Make renames and deletions in the threads directory durable."""
