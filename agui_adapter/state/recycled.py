@@ -7,10 +7,15 @@ left, every new file's allocation looks past each recently freed one: on this pr
 machine, a state directory under ``/tmp`` made each temporary file cost 0.4 to 1 ms of kernel
 CPU (10 µs in a fresh group), twice on the way to every run's first delta. A recycled save
 keeps the record it replaces under a spare name (a hard link made under the record's lock,
-just before the rename) and the next save writes into that spare, truncated: after the first
-saves, saves neither make nor free an inode. What a reader sees is unchanged, one whole record
-or the next, renamed into place; a reader that opened a record just before it was replaced
-may find the file truncated or rewritten under it, and reads again (``ThreadStore.load``).
+just before the rename) and the next save writes into that spare: after the first saves,
+saves neither make nor free an inode. A durable save writes over the spare's old bytes and
+cuts what is left, its blocks kept (no block freed and allocated again, which with a
+``discard`` mount waits for the device); until the record log's checkpoint syncs it in place,
+a power cut finds it in the log (``record_log``). Any other save empties the spare first, so
+that ext4 writes the new record out before the rename, as it does for a new file renamed over
+an old one (``auto_da_alloc``). What a reader sees is unchanged, one whole record or the
+next, renamed into place; a reader that opened a record just before it was replaced may find
+the file emptied or rewritten under it, and reads again (``ThreadStore.load``).
 
 The spares are this process's, named ``.<stem>.<n>.spare`` in the threads directory after its
 record log's files (``record_log``), whose locks say whether their process lives: the recovery

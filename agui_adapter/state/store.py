@@ -411,15 +411,20 @@ class ThreadStore:
         logged = None
         kept: str | None = None
         try:
-            fd = self._open_spare(spares)
-            if fd is None:
+            # a durable save writes over the spare's old record, its blocks kept (a power cut
+            # before the record is synced in place finds it in the log, ``record_log``);
+            # another empties it first, so that ext4 writes the new record out before the
+            # rename, as it does for a new file renamed over an old one (``auto_da_alloc``)
+            opened = self._open_spare(spares, empty=not sync)
+            in_place = opened is not None and sync
+            if opened is None:
                 # a name no other writer picks (64 random bits; ``_TEMP_NAMES`` is reseeded in
                 # a forked child, and O_EXCL refuses a name taken) without a ``getrandom`` call
                 tmp_path = f"{self._prefix}.{os.path.basename(path)}.{_TEMP_NAMES.getrandbits(64):016x}.tmp"
                 # mkstemp's job in one call: a random name, created exclusively
                 fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             else:
-                fd, tmp_path = fd
+                fd, tmp_path = opened
             tmp_made = True
             try:
                 if not self._umask_is_owner_rw:
@@ -427,6 +432,8 @@ class ThreadStore:
                 view = memoryview(payload)
                 while view:
                     view = view[os.write(fd, view) :]
+                if in_place:
+                    os.ftruncate(fd, len(payload))  # the end of a longer record it held
                 if log is not None:
                     logged = log.append(payload, path)
                 if sync and logged is None:
@@ -457,13 +464,14 @@ class ThreadStore:
                         os.unlink(leftover)
 
     @staticmethod
-    def _open_spare(spares: recycled.Spares | None) -> tuple[int, str] | None:
-        """A spare open for writing, emptied, and its name; None when there is none to use."""
+    def _open_spare(spares: recycled.Spares | None, *, empty: bool) -> tuple[int, str] | None:
+        """A spare open for writing (``empty``: truncated) and its name; None when there is none."""
         spare = None if spares is None else spares.take()
         if spare is None:
             return None
         try:
-            return os.open(spare, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC), spare
+            flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if empty else 0)
+            return os.open(spare, flags), spare
         except OSError:  # gone, or not a file of ours: dropped, and a file is made instead
             with contextlib.suppress(OSError):
                 os.unlink(spare)

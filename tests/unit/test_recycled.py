@@ -207,3 +207,33 @@ def test_remove_spares_deletes_only_that_stem(tmp_path: Path) -> None:
     assert remove_spares(str(tmp_path), "1-aa") == 2
     assert sorted(os.listdir(tmp_path)) == [".1-aa.0.tmp", ".2-bb.0.spare", "t.json"]
     assert remove_spares(str(tmp_path / "missing"), "1-aa") == 0
+
+
+def test_a_durable_save_writes_over_a_spare_and_cuts_what_is_left(
+    store: ThreadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long = record("long")
+    long.cwd = "/w/" + "x" * 5000  # a record longer than the next one written into its file
+    with store.locked("long"):
+        store.save(long)
+    store.update("long", RecordIds("e1", session_id="s-long"))  # the long record: a spare
+    opened: list[int] = []
+    real_open = os.open
+
+    def watch(path: str, flags: int, *args: int) -> int:
+        if str(path).endswith(SUFFIX):
+            opened.append(flags)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", watch)
+    with store.locked("short"):
+        store.save(record("short"))  # durable: over the old bytes, its blocks kept
+    assert len(opened) == 1 and not opened[0] & os.O_TRUNC
+    assert store.path_for("short").stat().st_size < 1000
+    assert store.load("short").cwd == "/w"  # type: ignore[union-attr]
+    store.update("long", RecordIds("e1", task_id="t-9"))  # a spare again: the "long" before
+    opened.clear()
+    store.update("short", RecordIds("e1", session_id="s-short"))  # not durable: emptied first
+    assert len(opened) == 1 and opened[0] & os.O_TRUNC
+    assert store.load("short").session_id == "s-short"  # type: ignore[union-attr]
+    assert store.load("long").execution.task_id == "t-9"  # type: ignore[union-attr]
