@@ -21,7 +21,8 @@ The spares are this process's, named ``.<stem>.<n>.spare`` in the threads direct
 record log's files (``record_log``), whose locks say whether their process lives: the recovery
 of a dead process's log deletes its spares too (``remove_spares``; unlinked, never written,
 since a process that died between a link and its rename leaves a spare that is still a
-record's second name). One save uses a spare at a time (``take``, then ``give``).
+record's second name). One save uses a spare at a time (``take``, then ``give``); a process
+keeps at most ``MOST``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import os
 import threading
 
 SUFFIX = ".spare"
+#: The most spares a process keeps: as many as saves that found none at the same time, up to
+#: this; a save that would keep one more replaces its record the classic way.
+MOST = 64
 
 
 class Spares:
@@ -53,10 +57,14 @@ class Spares:
         """A name no spare has had, for the record a save is about to replace."""
         return f"{self._prefix}{next(self._numbers)}{SUFFIX}"
 
-    def give(self, path: str) -> None:
-        """``path`` is a spare now: no record is named by it any more."""
+    def give(self, path: str) -> bool:
+        """``path`` is a spare now (no record is named by it any more); False when the
+        process keeps ``MOST`` already (the caller deletes it)."""
         with self._lock:
+            if len(self._free) >= MOST:
+                return False
             self._free.append(path)
+            return True
 
     def __len__(self) -> int:
         with self._lock:

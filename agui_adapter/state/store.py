@@ -448,9 +448,8 @@ class ThreadStore:
                     kept = None
             os.replace(tmp_path, path)
             tmp_made = False
-            if kept is not None:
-                spares.give(kept)  # type: ignore[union-attr]
-                kept = None
+            if kept is not None and spares.give(kept):  # type: ignore[union-attr]
+                kept = None  # else deleted below, as a classic rename would have
             if sync and logged is None:
                 self._sync_directory()
         except OSError as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agui_adapter.state import record_log
+from agui_adapter.state import record_log, recycled
 from agui_adapter.state.record import RecordIds
 from agui_adapter.state.recycled import SUFFIX, Spares, remove_spares
 from agui_adapter.state.store import StoreError, ThreadStore
@@ -146,6 +146,29 @@ def test_readers_never_fail_while_saves_recycle(store: ThreadStore) -> None:
         for reader in readers:
             reader.join()
     assert failures == []
+
+
+def test_a_process_keeps_at_most_most_spares(store: ThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recycled, "MOST", 2)
+    for name in ("a", "b", "c", "d"):
+        store.save(record(name))
+    barrier = threading.Barrier(4)
+    real_link = os.link
+
+    def link_together(src: str, dst: str, **kw: bool) -> None:
+        barrier.wait(timeout=30)  # four saves find no spare at once, then each keeps one
+        real_link(src, dst, **kw)
+
+    monkeypatch.setattr(os, "link", link_together)
+    savers = [threading.Thread(target=store.update, args=(n, RecordIds("e1", session_id="s"))) for n in "abcd"]
+    spares = store._current_spares()
+    assert spares is not None
+    for saver in savers:
+        saver.start()
+    for saver in savers:
+        saver.join()
+    assert len(spares_in(store)) == 2 == len(spares)  # the other two records were deleted
+    assert all(store.load(n).session_id == "s" for n in "abcd")  # type: ignore[union-attr]
 
 
 def test_spares_are_named_after_the_process_log() -> None:
