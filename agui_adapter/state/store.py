@@ -3,6 +3,9 @@
 ``<state-dir>/threads/<key>.json`` holds the thread's ``ThreadRecord`` (see ``record``).
 Files are read lazily, on the first request that names the thread, and replaced
 atomically (temp file, rename); they are 0600 in 0700 directories and never hold a secret.
+Under the record's lock, the temp file is one of the process's spare record files, the
+records earlier saves replaced, kept under a second name (``recycled``): no inode is made or
+freed per save, and a read that catches a recycled file reads again.
 A durable save is on disk when it returns: the classic way (the temp file fsynced before
 the rename, the directory after it), or, once ``use_log`` gave the store this process's
 ``record_log``, by the same bytes appended to that log and synced there (one in-place
