@@ -148,6 +148,8 @@ class ThreadStore:
     """Reads and writes thread records under ``<root>/threads``."""
 
     _STRIPES = 64
+    #: Reads of a record before it is called unreadable (``load``).
+    _READS = 5
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -318,15 +320,17 @@ class ThreadStore:
     # --- records ----------------------------------------------------------------------
     def load(self, thread_id: str) -> ThreadRecord | None:
         """The thread's record, None when it has none. A read that finds no whole record of
-        the thread reads again, twice: a file opened just before a save replaced it may be a
-        recycled one (``recycled``), truncated or rewritten meanwhile."""
+        the thread reads again, up to ``_READS`` reads: a file opened just before a save
+        replaced it may be a recycled one (``recycled``), emptied or rewritten meanwhile
+        (each read opens the file the name has then; only a reader held up for two saves of
+        the thread, at each of its reads, finds none)."""
         path = self._record_file(thread_id)
-        for again in (2, 1, 0):
+        for left in range(self._READS - 1, -1, -1):
             try:
                 data = self._read(path)
                 return None if data is None else self._record(data, thread_id)
             except StoreError:
-                if not again:
+                if not left:
                     raise
         raise AssertionError("unreachable")
 
