@@ -4,7 +4,7 @@ Why this module exists: a record saved the classic way (a new temporary file ren
 old one) makes one inode and frees one at every save, three saves a run. ext4 does not hand
 out a freed inode again for a while, and where the directory's block group has few inodes
 left, every new file's allocation looks past each recently freed one: on this project's bench
-machine, a state directory under ``/tmp`` made each temporary file cost 0.4 to 1 ms of kernel
+machine, a state directory under ``/tmp`` made each temporary file cost 0.4 to 1.4 ms of
 CPU (10 µs in a fresh group), twice on the way to every run's first delta. A recycled save
 keeps the record it replaces under a spare name (a hard link made under the record's lock,
 just before the rename) and the next save writes into that spare: after the first saves,
