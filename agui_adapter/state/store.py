@@ -374,7 +374,7 @@ class ThreadStore:
         classic way."""
         self._ensure_dirs()
         key = thread_key(record.thread_id)
-        path = self._prefix + key + ".json"
+        path = self._lock_path(key, ".json")
         record.revision += 1
         # compact: the indenting encoder is pure Python, and a record holds its last 50 runs
         payload = (
