@@ -199,11 +199,15 @@ class ThreadStore:
         after a durable save); how many records were written back. Each log is deleted once
         read; a live process's log is left alone."""
         restored = 0
+        dead: set[str] = set()  # the stems of dead processes whose spares are deleted (two logs each)
         try:
             # each log is deleted when the next is asked for: once its records are written back
             for path, entries in record_log.orphaned_entries(self.root / record_log.DIRECTORY):
                 restored += self._write_back(entries)
-                recycled.remove_spares(str(self.threads_dir), record_log.file_stem(path))
+                stem = record_log.file_stem(path)
+                if stem not in dead:
+                    dead.add(stem)
+                    recycled.remove_spares(str(self.threads_dir), stem)
         except OSError as exc:
             raise StoreError(f"cannot read the record logs: {exc.strerror}") from exc
         if restored:
