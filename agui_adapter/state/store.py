@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agui_adapter.state import record_log, recycled
+from agui_adapter.state import placement, record_log, recycled
 from agui_adapter.state.record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
 from agui_adapter.state.record_log import RecordLog
 
@@ -198,6 +198,7 @@ class ThreadStore:
         """Write back what the logs of dead processes hold and the records lost (a power cut
         after a durable save); how many records were written back. Each log is deleted once
         read; a live process's log is left alone."""
+        self._ensure_dirs()  # the root first, spread (``placement``) before the logs' directory
         restored = 0
         dead: set[str] = set()  # the stems of dead processes whose spares are deleted (two logs each)
         try:
@@ -242,6 +243,8 @@ class ThreadStore:
             for directory in (self.root, self.threads_dir):
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.chmod(directory, 0o700)
+                if directory is self.root:  # before the subdirectories are made
+                    placement.spread(str(directory))
         except OSError as exc:
             raise StoreError(f"cannot create the state directory: {exc.strerror}") from exc
         self._ready = True
