@@ -179,6 +179,8 @@ class Request:
     keep_alive: bool = True
     """What the client asks for (``Connection`` and the version); the response may still close."""
     body: BodyFraming = BodyFraming()
+    continue_asked: bool = False
+    """An ``Expect: 100-continue`` header was sent (``expects_continue`` says whether it counts)."""
 
     @property
     def length(self) -> int | None:
@@ -191,9 +193,7 @@ class Request:
     @property
     def expects_continue(self) -> bool:
         """The client waits for ``100 Continue`` before it sends its body."""
-        if not (self.body.length or self.body.chunked) or self.version != "HTTP/1.1":
-            return False
-        return any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in self.headers)
+        return self.continue_asked and bool(self.body.length or self.body.chunked) and self.version == "HTTP/1.1"
 
 
 def parse_request_head(head: bytes, max_headers: int) -> Request:
@@ -212,6 +212,7 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
     headers: Headers = []
     framing: Headers = []  # the headers that decide keep-alive and the body's framing
     hosts: list[str] = []
+    continue_asked = False
     for line in lines[1:]:
         if not line:
             break
@@ -227,6 +228,8 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
             framing.append(header)
         elif lower == "host":
             hosts.append(header[1])
+        elif lower == "expect" and header[1].lower() == "100-continue":
+            continue_asked = True
     if not framing:  # the common cases first, as the general rules would answer them
         keep_alive, body = version == "HTTP/1.1", _NO_BODY
     elif len(framing) == 1 and framing[0][0].lower() == "content-length" and _plain_length(framing[0][1]):
@@ -243,6 +246,7 @@ def parse_request_head(head: bytes, max_headers: int) -> Request:
         headers,
         keep_alive=keep_alive,
         body=body,
+        continue_asked=continue_asked,
     )
 
 

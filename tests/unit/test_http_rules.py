@@ -272,6 +272,10 @@ def test_framing_errors_come_after_malformed_headers_in_a_head() -> None:
         (b"POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n", False),
         (b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n", False),
         (b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n", False),
+        (b"POST / HTTP/1.1\r\nEXPECT: 100-continue\r\nContent-Length: 3\r\n\r\n", True),
+        (b"POST / HTTP/1.1\r\nExpect: x\r\nExpect:  100-continue \r\nContent-Length: 3\r\n\r\n", True),
+        (b"POST / HTTP/1.1\r\nExpect: 100-continue-not\r\nContent-Length: 3\r\n\r\n", False),
+        (b"POST / HTTP/1.1\r\nX-Expect: 100-continue\r\nContent-Length: 3\r\n\r\n", False),
     ],
 )
 def test_100_continue_only_for_an_http11_request_with_a_body(head: bytes, expects: bool) -> None:
