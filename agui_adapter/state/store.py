@@ -177,6 +177,10 @@ class ThreadStore:
         made now on a thread of its own; one store per process and state directory should,
         the one that serves the runs."""
         if self.log is None:
+            # the root first, spread (``placement``) before the log's directory is made in it;
+            # a root that cannot be made is the saves' error to report (STATE_UNAVAILABLE)
+            with contextlib.suppress(StoreError):
+                self._ensure_dirs()
             store = weakref.ref(self)  # the log's thread must not keep a dropped store alive
 
             def sweep() -> None:
@@ -198,7 +202,6 @@ class ThreadStore:
         """Write back what the logs of dead processes hold and the records lost (a power cut
         after a durable save); how many records were written back. Each log is deleted once
         read; a live process's log is left alone."""
-        self._ensure_dirs()  # the root first, spread (``placement``) before the logs' directory
         restored = 0
         dead: set[str] = set()  # the stems of dead processes whose spares are deleted (two logs each)
         try:

@@ -35,11 +35,11 @@ def test_a_new_state_directory_is_marked_before_its_subdirectories_are_made(tmp_
     spread = placement.spread
 
     def watching(directory: str) -> bool:
-        marked_before.append(not (root / "threads").exists())
+        marked_before.append(not any((root / name).exists() for name in ("threads", "record-log", "journal")))
         return spread(directory)
 
     monkeypatch.setattr(placement, "spread", watching)
-    ThreadStore(root).recover()
+    ThreadStore(root).use_log()
     assert marked_before == [True]
     assert placement.flags(str(root)) & placement.FS_TOPDIR_FL
     assert (root / "threads").is_dir()
@@ -50,7 +50,7 @@ def test_lsattr_shows_the_mark(tmp_path):
     if shutil.which("lsattr") is None:
         pytest.skip("no lsattr here")
     root = tmp_path / "state"
-    ThreadStore(root).recover()
+    ThreadStore(root).use_log()
     shown = subprocess.run(["lsattr", "-d", str(root)], capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     assert "T" in shown.stdout.split()[0]
@@ -83,7 +83,7 @@ def test_a_file_system_or_owner_that_refuses_the_mark_changes_nothing(tmp_path, 
     monkeypatch.setattr(placement.fcntl, "ioctl", refusing)
     assert placement.spread(str(tmp_path)) is False
     store = ThreadStore(tmp_path / "state")
-    store.recover()
+    store.use_log()
     with store.locked("t1"):
         pass
     assert (tmp_path / "state" / "threads").is_dir()
