@@ -9,8 +9,8 @@ average, as it does for a new home directory.
 
 A state directory made in a busy group (under ``/tmp`` or ``/var/lib`` of a root file system
 many programs write to) pays on every creation there: an ext4 without a journal does not hand
-out an inode freed in the last 30 seconds (three minutes while its inode table block is dirty),
-and each creation walks past every such inode of its group. Measured on the machine of the
+out an inode freed in the last minute (six while its inode table block is still dirty), and
+each creation walks past every such inode of its group. Measured on the machine of the
 benchmarks, medians of 300: a new file under ``/tmp`` 274 µs, a ``mkdir`` 290 µs, against 16
 and 21 µs in subdirectories of a ``/tmp`` directory marked ``T``. A new thread makes four of
 them before its first delta. (A group a large tree was just deleted from is as slow, and Orlov
