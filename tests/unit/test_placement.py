@@ -7,6 +7,7 @@ import errno
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,16 +16,23 @@ from agui_adapter.state import placement
 from agui_adapter.state.store import ThreadStore
 
 
-def _supports_flags(directory: Path) -> bool:
-    try:
-        placement.flags(str(directory))
-    except OSError:
+def _takes_the_mark(parent: Path) -> bool:
+    """Whether this file system keeps a ``T`` mark, asked of e2fsprogs' ``chattr`` and ``lsattr``
+    (not of the code under test): ext4 does; tmpfs has inode flags but not this one."""
+    if shutil.which("chattr") is None or shutil.which("lsattr") is None:
         return False
-    return True
+    scratch = Path(tempfile.mkdtemp(dir=parent))
+    try:
+        if subprocess.run(["chattr", "+T", str(scratch)], capture_output=True).returncode != 0:
+            return False
+        shown = subprocess.run(["lsattr", "-d", str(scratch)], capture_output=True, text=True)
+        return shown.returncode == 0 and "T" in shown.stdout.split()[0]
+    finally:
+        scratch.rmdir()
 
 
 needs_flags = pytest.mark.skipif(
-    not _supports_flags(Path(os.environ.get("TMPDIR", "/tmp"))), reason="this file system has no inode flags"
+    not _takes_the_mark(Path(tempfile.gettempdir())), reason="no chattr, or no T mark on this file system"
 )
 
 
