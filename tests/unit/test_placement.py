@@ -31,12 +31,12 @@ def _takes_the_mark(parent: Path) -> bool:
         scratch.rmdir()
 
 
-needs_flags = pytest.mark.skipif(
+needs_the_mark = pytest.mark.skipif(
     not _takes_the_mark(Path(tempfile.gettempdir())), reason="no chattr, or no T mark on this file system"
 )
 
 
-@needs_flags
+@needs_the_mark
 def test_a_new_state_directory_is_marked_before_its_subdirectories_are_made(tmp_path, monkeypatch):
     root = tmp_path / "state"
     marked_before: list[bool] = []
@@ -53,10 +53,8 @@ def test_a_new_state_directory_is_marked_before_its_subdirectories_are_made(tmp_
     assert (root / "threads").is_dir()
 
 
-@needs_flags
+@needs_the_mark
 def test_lsattr_shows_the_mark(tmp_path):
-    if shutil.which("lsattr") is None:
-        pytest.skip("no lsattr here")
     root = tmp_path / "state"
     ThreadStore(root).use_log()
     shown = subprocess.run(["lsattr", "-d", str(root)], capture_output=True, text=True)
@@ -64,7 +62,7 @@ def test_lsattr_shows_the_mark(tmp_path):
     assert "T" in shown.stdout.split()[0]
 
 
-@needs_flags
+@needs_the_mark
 def test_the_mark_keeps_the_other_flags_and_is_set_once(tmp_path, monkeypatch):
     root = tmp_path / "state"
     root.mkdir()
