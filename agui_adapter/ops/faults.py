@@ -7,7 +7,7 @@ thousand times: 2.3 MB of log from a 3 KB request), and Python chains the except
 handled under it. :func:`describe` says what an operator needs to find the bug (the
 exception's type, the start of its message, where it was raised) in one line of bounded
 length, whatever the exception holds; the request id is added by the edge's log record
-factory (``web.install_request_id_logging``).
+factory (``logs.install_request_id_logging``).
 """
 
 from __future__ import annotations

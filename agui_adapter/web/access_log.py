@@ -90,8 +90,11 @@ def _printable(value: str) -> str:
 
 
 def write_line(exchange: Exchange, route: str) -> None:
-    """The access line of a finished exchange: its message formatted once, its fields set on
-    the record in one step (``Logger.info`` with ``extra=`` would check them one by one)."""
+    """The access line of a finished exchange: its message formatted once and written
+    straight to the process's log stream when logging is the adapter's own
+    (``logs.write_direct``: a third of a refusal's application time less), else as a record
+    with its fields set in one step (``Logger.info`` with ``extra=`` would check them one by
+    one)."""
     if not log.isEnabledFor(logging.INFO):
         return
     environ = exchange.environ
@@ -111,20 +114,26 @@ def write_line(exchange: Exchange, route: str) -> None:
     if refused is not None:
         where += f" refused={refused}"
     message = f'{client} "{method} {path} {protocol}" {status} {sent} {seconds:.3f}s {route} "{agent}"{where}'
+
+    def fields() -> dict[str, Any]:
+        named: dict[str, Any] = {} if refused is None else {"error_code": refused}
+        named.update(
+            method=method,
+            path=path,
+            protocol=protocol,
+            route=route,
+            status=status,
+            bytes_sent=sent,
+            duration_seconds=round(seconds, 6),
+            client_address=client,
+            user_agent=agent,
+        )
+        return named
+
+    if logs.write_direct(log, logging.INFO, message, fields):
+        return
     record = log.makeRecord(log.name, logging.INFO, "(access)", 0, message, None, None)
-    if refused is not None:
-        record.error_code = refused
-    record.__dict__.update(
-        method=method,
-        path=path,
-        protocol=protocol,
-        route=route,
-        status=status,
-        bytes_sent=sent,
-        duration_seconds=round(seconds, 6),
-        client_address=client,
-        user_agent=agent,
-    )
+    record.__dict__.update(fields())
     log.handle(record)
 
 

@@ -40,7 +40,6 @@ import logging
 import os
 import random
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
@@ -162,35 +161,6 @@ class CorsPolicy:
         ]
 
 
-_factory_lock = threading.Lock()
-_factory_installed = False
-
-
-def install_request_id_logging() -> None:
-    """Make every log record written during a request carry its id: as ``record.request_id``
-    (``-`` outside a request) and at the end of the message, whatever the handler's format."""
-    global _factory_installed
-    with _factory_lock:
-        if _factory_installed:
-            return
-        previous = logging.getLogRecordFactory()
-
-        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-            record = previous(*args, **kwargs)
-            request_id = REQUEST_ID.get()
-            record.request_id = request_id or "-"
-            if request_id:
-                try:
-                    message = record.getMessage()
-                except Exception:  # noqa: BLE001 - a bad log call keeps its own failure mode
-                    return record
-                record.msg, record.args = f"{message} [request {request_id}]", None
-            return record
-
-        logging.setLogRecordFactory(factory)
-        _factory_installed = True
-
-
 SSE_HEADERS = [
     ("Content-Type", "text/event-stream; charset=utf-8"),
     ("Cache-Control", "no-cache"),
@@ -302,7 +272,7 @@ class AguiApp:
         self.access_log = bool(getattr(engine.settings, "access_log", True))
         self.tracing: Tracing = getattr(engine, "tracing", None) or Tracing()
         self.threads = ThreadViews(engine)
-        install_request_id_logging()
+        logs.install_request_id_logging()
 
     def served_by(self, server: Any) -> None:
         """The built-in server hands itself over (``serving``): its open connections and
