@@ -72,6 +72,7 @@ trailing SP/HTAB as h11 takes them, never whitespace before the size."""
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer"))
 _FRAMING_HEADERS = frozenset(("connection", "transfer-encoding", "content-length"))
 _TOKENS_SEEN: set[str] = set()  # header names already found valid (a few dozen in practice)
+_HOSTS_SEEN: set[str] = set()  # Host values already found valid (the server's few names in practice)
 
 
 def is_token(name: str) -> bool:
@@ -288,8 +289,13 @@ def _check_host(version: str, hosts: list[str]) -> None:
         if version == "HTTP/1.1":
             raise _bad_request("The request has no Host header.")
         return
-    if not _HOST.fullmatch(hosts[0]):
+    host = hosts[0]
+    if host in _HOSTS_SEEN:  # a set lookup, not the pattern, for a name seen before (5% of a refusal)
+        return
+    if not _HOST.fullmatch(host):
         raise _bad_request("The Host header is invalid.")
+    if len(_HOSTS_SEEN) < 256:  # bounded: hosts are client input
+        _HOSTS_SEEN.add(host)
 
 
 def _plain_length(value: str) -> bool:

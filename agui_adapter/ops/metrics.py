@@ -205,6 +205,9 @@ class _Family:
         return _Buckets(self._buckets) if self.kind == "histogram" else _Value()
 
     def labels(self, *values: str) -> Any:
+        child = self._children.get(values)  # the label values are strings already, as a rule
+        if child is not None:
+            return child
         key = tuple(str(v) for v in values)
         child = self._children.get(key)
         if child is None:

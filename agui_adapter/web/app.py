@@ -213,12 +213,25 @@ ROUTE_TEMPLATES = {
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 """``json.dumps`` with these options would build an encoder per call."""
+_JSON_STRING = json.encoder.encode_basestring
+"""What ``_JSON`` writes for a string (``ensure_ascii=False``)."""
+
+
+def error_payload(code: str, message: str) -> bytes:
+    """``{"error": {"code": code, "message": message}}`` as ``_JSON`` writes it, made from its
+    two strings: the commonest JSON answer (every refusal) without the encoder object
+    ``JSONEncoder.encode`` makes for each dict it writes."""
+    return f'{{"error":{{"code":{_JSON_STRING(code)},"message":{_JSON_STRING(message)}}}}}'.encode()
 
 
 def json_response(
-    start_response: StartResponse, status: int, body: dict[str, Any], extra: list[tuple[str, str]] | None = None
+    start_response: StartResponse,
+    status: int,
+    body: dict[str, Any] | bytes,
+    extra: list[tuple[str, str]] | None = None,
 ) -> list[bytes]:
-    payload = _JSON.encode(body).encode("utf-8")
+    """A JSON answer: ``body`` as ``_JSON`` writes it, or its bytes already written."""
+    payload = body if type(body) is bytes else _JSON.encode(body).encode("utf-8")
     phrase = _PHRASES.get(status, "")
     headers = [
         ("Content-Type", "application/json; charset=utf-8"),
@@ -436,7 +449,7 @@ class AguiApp:
             extra = (extra or []) + [("WWW-Authenticate", 'Bearer realm="agui-adapter"')]
         if "retryAfter" in err.params:
             extra = (extra or []) + [("Retry-After", str(err.params["retryAfter"]))]
-        return json_response(start_response, err.status, {"error": {"code": err.code, "message": message}}, extra)
+        return json_response(start_response, err.status, error_payload(err.code, message), extra)
 
     # ------------------------------------------------------------------ endpoints
     def health(self, start_response: StartResponse) -> list[bytes]:
