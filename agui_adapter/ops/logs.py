@@ -283,19 +283,17 @@ def _only_own_handler(logger: logging.Logger, levelno: int) -> logging.StreamHan
 
 def write_direct(logger: logging.Logger, levelno: int, message: str, fields: Callable[[], Mapping[str, Any]]) -> bool:
     """Write the line a record of ``logger`` (``message``, ``fields()`` as ``extra=``: none of
-    a record's own attributes, asked for only by the JSON format; no exception) would have
-    been written as, straight to the stream of the handler
-    ``configure`` installed, under its lock, when nothing on the record's way could change it
-    (``_only_own_handler``); False when that is not so or the write failed (nothing counts as
-    written then): the caller logs the record the usual way. The caller has checked
-    ``logger.isEnabledFor(levelno)``.
+    a record's own attributes, asked for by the JSON format only; no exception) would have
+    been written as, straight to the stream of the handler ``configure`` installed, under its
+    lock, when nothing on the record's way could change it (``_only_own_handler``); False when
+    that is not so or the write failed (nothing counts as written then): the caller logs the
+    record the usual way. The caller has checked ``logger.isEnabledFor(levelno)``.
 
     Why: the access log writes one line per request, and the record's way through
-    ``logging`` (its factory, filters, handler and formatter calls) cost more than the rest
-    of its refusal's work in the application: measured on the I/O thread, a refusal cost 33
-    µs of application time with it and 21 µs with this (the text line), and the adapter
-    refused 18% more requests a second. The lines are the same (``tests/unit/test_logs.py``
-    compares them with the formatters' own for both formats).
+    ``logging`` (its factory, filters, handler and formatter calls) was the largest part of a
+    refusal's work in the application: timed on one thread with the app alone, a refusal took
+    33 us of CPU with it and 21 us with the line written here. The lines are the same
+    (``tests/unit/test_log_lines.py`` compares them with the records' in both formats).
     """
     handler = _only_own_handler(logger, levelno)
     if handler is None:
