@@ -300,12 +300,12 @@ def write_direct(logger: logging.Logger, levelno: int, message: str, fields: Cal
         return False
     formatter = handler.formatter
     created = time.time()
-    msecs = int((created - int(created)) * 1000) + 0.0  # as LogRecord has them
     levelname = logging.getLevelName(levelno)
     request_id = REQUEST_ID.get()
     if request_id:  # as the factory does
         message = f"{message} [request {request_id}]"
     if type(formatter) is TextFormatter and formatter._fmt == TEXT_FORMAT and formatter.datefmt is None:
+        msecs = int((created - int(created)) * 1000) + 0.0  # as LogRecord has them
         line = formatter.line(created, msecs, levelname, logger.name, message)
     elif type(formatter) is JsonFormatter:
         ids = RUN_IDS.get() or (None, None)
