@@ -12,18 +12,10 @@ the rename, the directory after it), or, once ``use_log`` gave the store this pr
 ``fdatasync`` instead of two commits of the file system's journal). ``recover`` writes
 back, the classic way, what a dead process's log holds and its records lost.
 
-Two kinds of lock, both OS file locks so that they hold across processes sharing
-the directory (gunicorn workers) and vanish with a crashed process:
-
-* ``<key>.lock`` is held briefly around each read-modify-write of the record;
-* ``<key>.run`` is held for the whole life of the thread's active run, so "one
-  active run per thread" holds everywhere.
-
-Lock files may be deleted (retention, ``remove_if``), and only by a holder of the lock.
-A process that opened a lock file just before it was unlinked would otherwise lock a dead
-inode while a newcomer locks the new file; so every acquisition checks, once the lock is
-held, that the path still names the inode it locked (``fstat`` against ``stat``), and
-starts over when it does not.
+Each thread has two OS locks (``thread_locks``), which hold across processes sharing the
+directory (gunicorn workers) and vanish with a crashed process: the record lock, held
+briefly around each read-modify-write of the record, and the run lock, held for the whole
+life of the thread's active run, so that "one active run per thread" holds everywhere.
 
 Each successful write's duration is handed to ``on_write`` when one is set (the state-write
 latency of ``/metrics`` and, with tracing, a span): the writes dominate a run's time to its
@@ -33,8 +25,6 @@ first event, so operators see them.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -49,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agui_adapter.state import placement, record_log, recycled
+from agui_adapter.state import placement, record_log, recycled, thread_locks
 from agui_adapter.state.record import Execution, Mutation, RecordError, StaleExecution, ThreadRecord
 from agui_adapter.state.record_log import RecordLog
 
@@ -128,16 +118,14 @@ def _umask_keeps_owner_bits() -> bool:
 class RunLock:
     """The OS lock that makes a run the thread's only active one."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, locks: thread_locks.ThreadLocks) -> None:
         self._fd: int | None = fd
+        self._locks = locks
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
+            self._locks.release(fd)
 
     @property
     def held(self) -> bool:
@@ -151,7 +139,11 @@ class ThreadStore:
     #: Reads of a record before it is called unreadable (``load``).
     _READS = 5
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, *, locks: Callable[[str], thread_locks.ThreadLocks] = thread_locks.for_directory
+    ) -> None:
+        """``locks`` makes the threads' locks once the directory exists; all processes sharing
+        it must use the same kind (the default picks by platform; tests pick one)."""
         self.root = Path(root)
         self.threads_dir = self.root / "threads"
         # the files' names are strings made by concatenation: a record's read-modify-write
@@ -160,6 +152,8 @@ class ThreadStore:
         self._prefix = f"{self.threads_dir}{os.sep}"
         self._stripes = [threading.Lock() for _ in range(self._STRIPES)]
         self._ready = False
+        self._make_locks = locks
+        self._locks: thread_locks.ThreadLocks | None = None  # made with the directories
         #: Told how long each successful write took, and whether it was durable (metrics, tracing).
         self.on_write: Callable[[float, bool], None] | None = None
         #: This process's record log (``use_log``), None for the classic durable writes only.
@@ -250,6 +244,7 @@ class ThreadStore:
                     placement.spread(str(directory))
         except OSError as exc:
             raise StoreError(f"cannot create the state directory: {exc.strerror}") from exc
+        self._locks = self._make_locks(str(self.threads_dir))
         self._ready = True
 
     def path_for(self, thread_id: str) -> Path:
@@ -258,60 +253,29 @@ class ThreadStore:
     def _record_file(self, thread_id: str) -> str:
         return self._prefix + thread_key(thread_id) + ".json"
 
-    def _lock_path(self, key: str, suffix: str) -> str:
+    def _thread_file(self, key: str, suffix: str) -> str:
         return self._prefix + key + suffix
 
-    def _open_lock_file(self, path: str) -> int:
+    def _acquire(self, key: str, which: int, *, blocking: bool) -> int | None:
+        """An fd holding the thread's ``which`` lock; None when busy and not ``blocking``."""
         self._ensure_dirs()
         try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise StoreError(f"cannot open a lock file: {exc.strerror}") from exc
-
-    @staticmethod
-    def _still_named(fd: int, path: str) -> bool:
-        """Whether ``path`` still names the file open as ``fd`` (it was not unlinked or replaced)."""
-        try:
-            current = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise StoreError(f"cannot check a lock file: {exc.strerror}") from exc
-        held = os.fstat(fd)
-        return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
-
-    def _acquire(self, key: str, suffix: str, *, blocking: bool) -> int | None:
-        """An fd holding the flock of ``<key><suffix>``; None when busy and not ``blocking``."""
-        path = self._lock_path(key, suffix)
-        while True:
-            fd = self._open_lock_file(path)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if not blocking and exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    return None
-                raise StoreError(f"cannot lock the thread: {exc.strerror}") from exc
-            try:
-                if self._still_named(fd, path):
-                    return fd
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)  # we locked a file that was deleted meanwhile: lock the one the path names now
+            return self._locks.acquire(key, which, blocking=blocking)  # type: ignore[union-attr]
+        except thread_locks.LockError as exc:
+            raise StoreError(exc.strerror) from exc
 
     # --- locks ------------------------------------------------------------------------
     def try_lock_run(self, thread_id: str) -> RunLock | None:
         """The thread's run lock, or None when another run (any process) holds it."""
-        fd = self._acquire(thread_key(thread_id), ".run", blocking=False)
-        return None if fd is None else RunLock(fd)
+        fd = self._acquire(thread_key(thread_id), thread_locks.RUN, blocking=False)
+        return None if fd is None else RunLock(fd, self._locks)  # type: ignore[arg-type]
 
     @contextlib.contextmanager
     def _locked_key(self, key: str) -> Iterator[int]:
         stripe = self._stripes[zlib.crc32(key.encode("utf-8")) % self._STRIPES]
         with stripe:
-            fd = self._acquire(key, ".lock", blocking=True)
-            assert fd is not None
+            fd = self._acquire(key, thread_locks.RECORD, blocking=True)
+            assert fd is not None and self._locks is not None
             holding = self._holding
             outer = getattr(holding, "key", None)
             holding.key = key
@@ -319,7 +283,7 @@ class ThreadStore:
                 yield fd
             finally:
                 holding.key = outer
-                os.close(fd)  # closing releases the flock
+                self._locks.release(fd)
 
     @contextlib.contextmanager
     def locked(self, thread_id: str) -> Iterator[None]:
@@ -384,7 +348,7 @@ class ThreadStore:
         classic way."""
         self._ensure_dirs()
         key = thread_key(record.thread_id)
-        path = self._lock_path(key, ".json")
+        path = self._thread_file(key, ".json")
         record.revision += 1
         # compact: the indenting encoder is pure Python, and a record holds its last 50 runs
         payload = (
@@ -514,7 +478,9 @@ class ThreadStore:
             return record
 
     # --- listing and removal (retention) ----------------------------------------------
-    _SUFFIXES = (".json", ".lock", ".run")
+    #: A thread's files: its record, and the lock files of ``FileLocks`` (with ``RangeLocks``,
+    #: those an older adapter left, listed and deleted by retention all the same).
+    _SUFFIXES = (".json", *thread_locks.FileLocks.SUFFIXES)
 
     def thread_keys(self) -> list[str]:
         """The key (file stem) of every thread with a file in the directory, sorted."""
@@ -538,7 +504,7 @@ class ThreadStore:
         times = []
         for suffix in self._SUFFIXES:
             try:
-                times.append(os.stat(self._lock_path(key, suffix), follow_symlinks=False).st_mtime)
+                times.append(os.stat(self._thread_file(key, suffix), follow_symlinks=False).st_mtime)
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -550,16 +516,17 @@ class ThreadStore:
 
         Never while a run holds the thread (its run lock is tried, not waited for). The
         decision is taken, and the files deleted, holding both the run lock and the record
-        lock, so that nobody reads or writes the record meanwhile and the lock files are
-        unlinked only by their holder. ``record`` is None when only lock files are left (a
-        refused request leaves them). Raises StoreError for an unreadable record.
+        lock, so that nobody reads or writes the record meanwhile and lock files are unlinked
+        only by their holder (``thread_locks.FileLocks``). ``record`` is None when only lock
+        files are left (a refused request leaves them with ``FileLocks``). Raises StoreError
+        for an unreadable record.
         """
-        run_fd = self._acquire(key, ".run", blocking=False)
+        run_fd = self._acquire(key, thread_locks.RUN, blocking=False)
         if run_fd is None:
             return False
         try:
             with self._locked_key(key):
-                data = self._read(self._lock_path(key, ".json"))
+                data = self._read(self._thread_file(key, ".json"))
                 record = None
                 if data is not None:
                     thread_id = data.get("threadId") if isinstance(data, dict) else None
@@ -571,10 +538,10 @@ class ThreadStore:
                 try:
                     for suffix in self._SUFFIXES:  # the record first, the lock files (held) last
                         with contextlib.suppress(FileNotFoundError):
-                            os.unlink(self._lock_path(key, suffix))
+                            os.unlink(self._thread_file(key, suffix))
                     self._sync_directory()
                 except OSError as exc:
                     raise StoreError(f"cannot delete the thread state: {exc.strerror}") from exc
                 return True
         finally:
-            os.close(run_fd)
+            self._locks.release(run_fd)  # type: ignore[union-attr]

@@ -1,12 +1,13 @@
-"""Retention of thread records (issue 9, case 6) and lock files that survive deletion.
+"""Retention of thread records (issue 9, case 6), with either kind of thread lock.
 
 Real files in a temp state dir, ages set with ``os.utime``, run locks held by another
-process with a real ``flock``, and a lock waiter racing a deletion.
+process, and updates racing deletions. Each test that touches locks runs with both kinds
+(``thread_locks``): a byte of one shared file, and a file per lock that retention deletes
+(the races of such a file's deletion are in ``tests/unit/test_thread_locks.py``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -19,24 +20,51 @@ import pytest
 
 from agui_adapter.config import ConfigError, load_settings
 from agui_adapter.protocol.timestamps import rfc3339
+from agui_adapter.state import thread_locks
 from agui_adapter.state.record import PendingInterrupt
 from agui_adapter.state.retention import DAY_SECONDS, RetentionJob, prune, start_retention
 from agui_adapter.state.store import Execution, ThreadRecord, ThreadStore, thread_key
+from agui_adapter.state.thread_locks import FileLocks, RangeLocks
 from tests.support.flow import wait_for
 
 NOW = 1_800_000_000.0  # a fixed "now" (2027-01-15)
 RETAIN = 30 * DAY_SECONDS
 
 
+LOCKS = {"ranges": RangeLocks, "files": FileLocks}
+
+
+@pytest.fixture(params=sorted(LOCKS))
+def locks(request: pytest.FixtureRequest) -> str:
+    if request.param == "ranges" and not thread_locks.ranges_supported():
+        pytest.skip("no open-file-description locks here")
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> ThreadStore:
-    return ThreadStore(tmp_path / "state")
+def store(tmp_path: Path, locks: str) -> ThreadStore:
+    return ThreadStore(tmp_path / "state", locks=LOCKS[locks])
+
+
+def uses_files(store: ThreadStore) -> bool:
+    store._ensure_dirs()
+    return isinstance(store._locks, FileLocks)
+
+
+def thread_files(store: ThreadStore, key: str) -> set[str]:
+    """The files a thread with a record has: its record, and its lock files with ``FileLocks``."""
+    return {f"{key}{suffix}" for suffix in (".json", *(FileLocks.SUFFIXES if uses_files(store) else ()))}
 
 
 def make_thread(
-    store: ThreadStore, thread_id: str, *, age_days: float, pending: dict[str, PendingInterrupt] | None = None
+    store: ThreadStore,
+    thread_id: str,
+    *,
+    age_days: float | None,
+    pending: dict[str, PendingInterrupt] | None = None,
 ) -> None:
-    """A saved record with its two lock files, all last changed ``age_days`` before NOW."""
+    """A saved record (and, with ``FileLocks``, its two lock files), all last changed ``age_days``
+    before NOW (None: just now)."""
     record = ThreadRecord(
         thread_id=thread_id,
         context_id=f"ctx-{thread_id}",
@@ -49,7 +77,8 @@ def make_thread(
     lock = store.try_lock_run(thread_id)
     assert lock is not None
     lock.release()
-    set_age(store, thread_key(thread_id), age_days)
+    if age_days is not None:
+        set_age(store, thread_key(thread_id), age_days)
 
 
 def set_age(store: ThreadStore, key: str, age_days: float) -> None:
@@ -82,32 +111,36 @@ def test_old_threads_are_deleted_and_recent_ones_kept(store: ThreadStore) -> Non
     assert report.removed == 3
     for gone in ("old", "just-over", "weird thread/id"):
         assert files_of(store, gone) == set()
-    assert files_of(store, "recent") == {"recent.json", "recent.lock", "recent.run"}
-    assert files_of(store, "just-under") == {"just-under.json", "just-under.lock", "just-under.run"}
+    assert files_of(store, "recent") == thread_files(store, "recent")
+    assert files_of(store, "just-under") == thread_files(store, "just-under")
     assert store.thread_keys() == ["just-under", "recent"]
 
 
-def test_a_thread_with_a_live_run_is_never_deleted(store: ThreadStore, tmp_path: Path) -> None:
+def test_a_thread_with_a_live_run_is_never_deleted(store: ThreadStore, locks: str) -> None:
     make_thread(store, "busy", age_days=90)
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import fcntl, os, sys\n"
-            "fd = os.open(sys.argv[1], os.O_RDWR)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('locked', flush=True)\n"
+            "import sys\n"
+            "from agui_adapter.state import thread_locks\n"
+            "from agui_adapter.state.store import ThreadStore\n"
+            "kind = {'ranges': thread_locks.RangeLocks, 'files': thread_locks.FileLocks}[sys.argv[2]]\n"
+            "lock = ThreadStore(sys.argv[1], locks=kind).try_lock_run('busy')\n"
+            "print('locked' if lock else 'busy', flush=True)\n"
             "sys.stdin.read()\n",
-            str(store.threads_dir / "busy.run"),
+            str(store.root),
+            locks,
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
         report = prune(store, RETAIN, now=NOW)
         assert report.removed == 0 and report.kept_busy_or_recent == 1
-        assert files_of(store, "busy") == {"busy.json", "busy.lock", "busy.run"}
+        assert files_of(store, "busy") == thread_files(store, "busy")
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -141,7 +174,8 @@ def test_an_unexpired_pending_interrupt_protects_the_thread(store: ThreadStore) 
     assert files_of(store, "waiting") == set()
 
 
-def test_lock_files_left_without_a_record_are_pruned_by_age(store: ThreadStore) -> None:
+def test_lock_files_left_without_a_record_are_pruned_by_age(tmp_path: Path) -> None:
+    store = ThreadStore(tmp_path / "state", locks=FileLocks)
     for thread_id, age in (("refused-long-ago", 50), ("refused-today", 0)):
         with store.locked(thread_id):
             pass
@@ -152,6 +186,27 @@ def test_lock_files_left_without_a_record_are_pruned_by_age(store: ThreadStore) 
     assert prune(store, RETAIN, now=NOW).removed == 1
     assert files_of(store, "refused-long-ago") == set()
     assert files_of(store, "refused-today") == {"refused-today.lock", "refused-today.run"}
+
+
+def test_with_ranges_a_refused_request_leaves_no_file_and_old_lock_files_go(tmp_path: Path) -> None:
+    """An adapter with ``RangeLocks`` leaves nothing for a thread that never had a record,
+    and prunes the lock files an older adapter (a file per lock) left, by their age."""
+    if not thread_locks.ranges_supported():
+        pytest.skip("no open-file-description locks here")
+    store = ThreadStore(tmp_path / "state", locks=RangeLocks)
+    with store.locked("refused"):
+        pass
+    lock = store.try_lock_run("refused")
+    assert lock is not None
+    lock.release()
+    assert files_of(store, "refused") == set() and store.thread_keys() == []
+    for thread_id, age in (("legacy-long-ago", 50), ("legacy-today", 0)):
+        for suffix in FileLocks.SUFFIXES:
+            (store.threads_dir / f"{thread_id}{suffix}").touch()
+        set_age(store, thread_id, age)
+    assert prune(store, RETAIN, now=NOW).removed == 1
+    assert files_of(store, "legacy-long-ago") == set()
+    assert files_of(store, "legacy-today") == {"legacy-today.lock", "legacy-today.run"}
 
 
 def test_an_unreadable_record_is_kept_and_reported(store: ThreadStore) -> None:
@@ -172,7 +227,8 @@ def test_temporary_files_and_strangers_are_not_threads(store: ThreadStore) -> No
     (store.threads_dir / "README").write_text("x")
     assert store.thread_keys() == ["t"]
     assert prune(store, RETAIN, now=NOW).removed == 1
-    assert sorted(p.name for p in store.threads_dir.iterdir()) == [".t.json.abc.tmp", "README"]
+    left = [".t.json.abc.tmp", "README"] + ([] if uses_files(store) else [thread_locks.RANGES_FILE])
+    assert sorted(p.name for p in store.threads_dir.iterdir()) == sorted(left)
 
 
 def test_a_pruned_thread_starts_afresh(store: ThreadStore) -> None:
@@ -194,98 +250,10 @@ def test_an_empty_or_missing_directory_is_fine(tmp_path: Path) -> None:
 # --- locks and deletion -------------------------------------------------------------------------
 
 
-def _flock_waited_on(inode: int) -> bool:
-    """Whether some process is blocked waiting for a flock on ``inode`` (Linux ``/proc/locks``;
-    True where there is no way to look)."""
-    locks = Path("/proc/locks")
-    if not locks.exists():
-        return True
-    for line in locks.read_text().splitlines():
-        fields = line.split()
-        if "->" in fields and "FLOCK" in fields:
-            device_inode = fields[fields.index("FLOCK") + 4]
-            if int(device_inode.rsplit(":", 1)[1]) == inode:
-                return True
-    return False
-
-
-def test_a_waiter_on_a_deleted_lock_file_locks_the_new_one(store: ThreadStore) -> None:
-    """The inode check: a waiter that opened the lock file before it was unlinked retries."""
-    make_thread(store, "raced", age_days=0)
-    path = store.threads_dir / "raced.lock"
-    pruner_fd = os.open(path, os.O_RDWR)
-    fcntl.flock(pruner_fd, fcntl.LOCK_EX)  # the pruner holds the record lock
-
-    waiter_store = ThreadStore(store.root)  # another "process": no shared in-process stripes
-    opened = threading.Event()
-    real_open = waiter_store._open_lock_file
-    opens: list[int] = []
-
-    def spying_open(lock_path: str) -> int:
-        fd = real_open(lock_path)
-        opens.append(os.fstat(fd).st_ino)
-        opened.set()
-        return fd
-
-    waiter_store._open_lock_file = spying_open  # type: ignore[method-assign]
-    inside = threading.Event()
-    leave = threading.Event()
-
-    def waiter() -> None:
-        with waiter_store.locked("raced"):
-            inside.set()
-            leave.wait(10)
-
-    thread = threading.Thread(target=waiter, daemon=True)
-    thread.start()
-    assert opened.wait(10)  # it opened the old file ...
-    old_inode = os.fstat(pruner_fd).st_ino
-    wait_for(lambda: _flock_waited_on(old_inode), 10)  # ... and now waits for the flock
-    assert not inside.is_set()
-    os.unlink(path)  # delete while holding, as remove_if does ...
-    os.close(pruner_fd)  # ... then let go
-    assert inside.wait(10)
-    try:
-        assert len(opens) == 2 and opens[0] == old_inode  # it retried on a fresh file
-        # The lock it holds is the one the path names: a newcomer cannot get it.
-        newcomer = os.open(path, os.O_RDWR)
-        try:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(newcomer, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(newcomer)
-    finally:
-        leave.set()
-        thread.join(10)
-
-
-def test_a_run_lock_try_on_a_deleted_file_retries_too(store: ThreadStore) -> None:
-    make_thread(store, "run-raced", age_days=0)
-    path = str(store.threads_dir / "run-raced.run")
-    real_open = store._open_lock_file
-    calls: list[str] = []
-
-    def deleting_open(lock_path: str) -> int:
-        fd = real_open(lock_path)
-        calls.append(lock_path)
-        if len(calls) == 1:
-            os.unlink(lock_path)  # deleted (by a pruner) between our open and our flock
-        return fd
-
-    store._open_lock_file = deleting_open  # type: ignore[method-assign]
-    lock = store.try_lock_run("run-raced")
-    assert lock is not None and calls == [path, path]
-    try:
-        other = ThreadStore(store.root)
-        assert other.try_lock_run("run-raced") is None  # held on the file the path names
-    finally:
-        lock.release()
-
-
-def test_mutual_exclusion_holds_while_threads_are_pruned(tmp_path: Path) -> None:
+def test_mutual_exclusion_holds_while_threads_are_pruned(tmp_path: Path, locks: str) -> None:
     """Two stores (as two processes would) update one thread while it is pruned over and over."""
     root = tmp_path / "state"
-    stores = [ThreadStore(root) for _ in range(2)]
+    stores = [ThreadStore(root, locks=LOCKS[locks]) for _ in range(2)]
     make_thread(stores[0], "hot", age_days=0)
     for path in stores[0].threads_dir.glob("hot.*"):
         os.utime(path, (time.time() - 60, time.time() - 60))
@@ -304,11 +272,10 @@ def test_mutual_exclusion_holds_while_threads_are_pruned(tmp_path: Path) -> None
                 inside[0] -= 1
 
     def pruner() -> None:
-        pruning = ThreadStore(root)
+        pruning = ThreadStore(root, locks=LOCKS[locks])
         while not stop.is_set():
             rounds[0] += prune(pruning, 0, now=time.time() + 10).removed
-            with pruning.locked("hot"):  # recreate the lock files for the next round
-                pass
+            make_thread(pruning, "hot", age_days=None)  # the record (and any lock files) again, for the next round
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in stores] + [threading.Thread(target=pruner)]
     for thread in threads:
@@ -376,7 +343,7 @@ def test_the_adapter_prunes_at_start_up(adapter_process: Any, tmp_path: Path) ->
     while files_of(state, "ancient") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert files_of(state, "ancient") == set()
-    assert files_of(state, "fresh") == {"fresh.json", "fresh.lock", "fresh.run"}
+    assert files_of(state, "fresh") == thread_files(state, "fresh")
     while b"deleted 1 idle thread record" not in adapter.log and time.monotonic() < deadline:
         time.sleep(0.1)
     assert b"deleted 1 idle thread record" in adapter.log
