@@ -1,10 +1,11 @@
 """Retention: thread records idle for longer than ``--thread-retention-days`` are deleted.
 
-Why this module exists: the adapter keeps one small record per AG-UI thread (plus its two
-lock files) and, left alone, keeps them for ever (12,000 files after 4,000 threads). With
-``thread_retention_days`` set (default 0: off, everything is kept), a thread whose
-files have not changed for that long is forgotten: ``<key>.json``, ``<key>.lock`` and
-``<key>.run`` are deleted. A later request on that thread starts it afresh.
+Why this module exists: the adapter keeps one small record per AG-UI thread (plus, where
+its locks are files, ``thread_locks.FileLocks``, its two lock files) and, left alone, keeps
+them for ever. With ``thread_retention_days`` set (default 0: off, everything is kept), a
+thread whose files have not changed for that long is forgotten: ``<key>.json`` is deleted,
+and ``<key>.lock`` and ``<key>.run`` where there are such files (an adapter older than
+``RangeLocks`` left them too). A later request on that thread starts it afresh.
 
 Never deleted, whatever its age:
 

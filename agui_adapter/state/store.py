@@ -116,7 +116,8 @@ def _umask_keeps_owner_bits() -> bool:
 
 
 class RunLock:
-    """The OS lock that makes a run the thread's only active one."""
+    """One of a thread's OS locks, held until ``release``; its run lock is what makes a run
+    the thread's only active one."""
 
     def __init__(self, fd: int, locks: thread_locks.ThreadLocks) -> None:
         self._fd: int | None = fd
@@ -256,34 +257,36 @@ class ThreadStore:
     def _thread_file(self, key: str, suffix: str) -> str:
         return self._prefix + key + suffix
 
-    def _acquire(self, key: str, which: int, *, blocking: bool) -> int | None:
-        """An fd holding the thread's ``which`` lock; None when busy and not ``blocking``."""
+    def _acquire(self, key: str, which: int, *, blocking: bool) -> RunLock | None:
+        """The thread's ``which`` lock, held; None when busy and not ``blocking``."""
         self._ensure_dirs()
+        locks = self._locks
+        assert locks is not None
         try:
-            return self._locks.acquire(key, which, blocking=blocking)  # type: ignore[union-attr]
+            fd = locks.acquire(key, which, blocking=blocking)
         except thread_locks.LockError as exc:
             raise StoreError(exc.strerror) from exc
+        return None if fd is None else RunLock(fd, locks)
 
     # --- locks ------------------------------------------------------------------------
     def try_lock_run(self, thread_id: str) -> RunLock | None:
         """The thread's run lock, or None when another run (any process) holds it."""
-        fd = self._acquire(thread_key(thread_id), thread_locks.RUN, blocking=False)
-        return None if fd is None else RunLock(fd, self._locks)  # type: ignore[arg-type]
+        return self._acquire(thread_key(thread_id), thread_locks.RUN, blocking=False)
 
     @contextlib.contextmanager
-    def _locked_key(self, key: str) -> Iterator[int]:
+    def _locked_key(self, key: str) -> Iterator[None]:
         stripe = self._stripes[zlib.crc32(key.encode("utf-8")) % self._STRIPES]
         with stripe:
-            fd = self._acquire(key, thread_locks.RECORD, blocking=True)
-            assert fd is not None and self._locks is not None
+            held = self._acquire(key, thread_locks.RECORD, blocking=True)
+            assert held is not None
             holding = self._holding
             outer = getattr(holding, "key", None)
             holding.key = key
             try:
-                yield fd
+                yield
             finally:
                 holding.key = outer
-                self._locks.release(fd)
+                held.release()
 
     @contextlib.contextmanager
     def locked(self, thread_id: str) -> Iterator[None]:
@@ -521,8 +524,8 @@ class ThreadStore:
         files are left (a refused request leaves them with ``FileLocks``). Raises StoreError
         for an unreadable record.
         """
-        run_fd = self._acquire(key, thread_locks.RUN, blocking=False)
-        if run_fd is None:
+        run_lock = self._acquire(key, thread_locks.RUN, blocking=False)
+        if run_lock is None:
             return False
         try:
             with self._locked_key(key):
@@ -544,4 +547,4 @@ class ThreadStore:
                     raise StoreError(f"cannot delete the thread state: {exc.strerror}") from exc
                 return True
         finally:
-            self._locks.release(run_fd)  # type: ignore[union-attr]
+            run_lock.release()
