@@ -1,6 +1,7 @@
 """Where the state's directories land on the disk: ext4 is asked to spread them.
 
-Each new thread makes files: its record, its two lock files and its journal's directory. On
+Each new thread makes files: its record and its journal's directory (and its two lock files
+where its locks are files, ``thread_locks.FileLocks``). On
 ext4 a new file takes an inode from its directory's block group, and a new directory from its
 parent's group, unless that parent is the top of a hierarchy: the root directory, or one marked
 ``T`` (``chattr +T``, ``FS_TOPDIR_FL``). Then the Orlov allocator places the new directory in
@@ -12,10 +13,11 @@ many programs write to) pays on every creation there: an ext4 without a journal 
 out an inode freed in the last minute (six while its inode table block is still dirty), and
 each creation walks past every such inode of its group. Measured on the machine of the
 benchmarks, medians of 300: a new file under ``/tmp`` 274 µs, a ``mkdir`` 290 µs, against 16
-and 21 µs in subdirectories of a ``/tmp`` directory marked ``T``. A new thread makes four of
-them before its first delta. (A group a large tree was just deleted from is as slow, and Orlov
-may pick it, since it has the fewest directories: the mark helps where the state's neighbours
-churn, not against the state's own lately deleted files.)
+and 21 µs in subdirectories of a ``/tmp`` directory marked ``T``. A new thread made four of
+them before its first delta while its locks were two files of its own. (A group a large
+tree was just deleted from is as slow, and Orlov may pick it, since it has the fewest
+directories: the mark helps where the state's neighbours churn, not against the state's own
+lately deleted files.)
 
 So ``spread`` marks the state directory ``T`` before its subdirectories (``threads``,
 ``journal``, ``record-log``) are made. The mark is a placement hint and nothing else: it
