@@ -64,6 +64,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -456,6 +457,11 @@ class RunDriver:
         """Whether the run was adopted and has not heard from the kernel yet (``adoption``), or
         heard that the task is gone and is about to give the thread back."""
         return self.machine.adopted and self.machine.reconciling and self._run_lock is not None
+
+    @property
+    def journal_held(self) -> Path | None:
+        """The run's journal directory while this process writes it (``adoption`` skips it)."""
+        return self._journal.held_directory()
 
     @property
     def holds_thread(self) -> bool:

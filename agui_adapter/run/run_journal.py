@@ -10,6 +10,7 @@ be reattached any more). At a hand-over the journal is let go marked handed over
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from agui_adapter.state.journal import JournalStore, JournalWriter, first_id_of
@@ -45,6 +46,11 @@ class RunJournal:
             self._journals = journals
         except OSError as exc:
             log.warning("run %s: no journal, it cannot be reattached: %s", self.run_id, exc)
+
+    def held_directory(self) -> Path | None:
+        """The journal's directory while this process writes it (its lock held), else None."""
+        writer = self.writer
+        return writer.directory if writer is not None and writer.holding else None
 
     def append(self, chunk: bytes, next_id: int, translator: Any) -> None:
         """A chunk the run wrote; ``next_id`` is the id after its last event."""

@@ -574,6 +574,11 @@ class JournalWriter:
         mark_handed_over(self.directory, when)
         self.close()
 
+    @property
+    def holding(self) -> bool:
+        """Whether this writer still holds its directory's lock (not closed, ended or handed over)."""
+        return self._dir_fd is not None
+
     def moved_to(self, directory: Path) -> None:
         """The journal was renamed into place (``JournalStore.open_writer``)."""
         self.directory = directory

@@ -1,7 +1,8 @@
 """The periodic orphan scan (``Adoption.scan``) remembers what it saw: a thread directory
 whose runs had all ended, unchanged since, is not opened again; a changed one, or one whose
 change may share a clock tick with the last look, is looked into again; a run still written
-is looked at every time, so that it is adopted once its writer is gone."""
+is looked at every time (its writer first, its journal once the writer is gone), so that it
+is adopted once its writer is gone; a run this process writes is not looked at at all."""
 
 from __future__ import annotations
 
@@ -109,16 +110,74 @@ def written_run(root: Path) -> JournalWriter:
 
 
 def test_a_run_still_written_is_looked_at_until_its_writer_goes(scanner) -> None:
+    """Its writer is looked for first: while it lives, the journal is not opened."""
     adoption, root, looked, adopted = scanner
     writer = written_run(root)
     try:
         for _ in range(2):
             assert adoption.scan() == 0
-        assert looked == ["r-1", "r-1"] and adopted == []
+        assert looked == [] and adopted == []
     finally:
         writer.close()  # the writer is gone, without an end
     assert adoption.scan() == 1
     assert adopted == ["r-1"]
+    assert looked == ["r-1"]
+
+
+class _Writing:
+    """A live run of this process, as ``LiveRuns`` lists it (only what the scan asks)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.journal_held = directory
+
+
+def test_the_runs_this_process_writes_are_not_looked_at(scanner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither their journal nor their lock: a run this process writes is no orphan."""
+    adoption, root, looked, adopted = scanner
+    writer = written_run(root)
+    other = make_run(root, "t-b", "r-2", ended=False)  # an orphan beside it
+    probed: list[str] = []
+    alive = adoption_module.writer_alive
+
+    def counting(directory: Path) -> bool:
+        probed.append(directory.name)
+        return alive(directory)
+
+    monkeypatch.setattr(adoption_module, "writer_alive", counting)
+    monkeypatch.setattr(adoption._live, "all", lambda: [_Writing(writer.directory), _Writing(None)])
+    try:
+        assert adoption.scan() == 1
+        assert adopted == [other.name] and probed == [other.name] and looked == [other.name]
+    finally:
+        writer.close()
+    monkeypatch.setattr(adoption._live, "all", lambda: [])
+    adopted.clear()
+    adoption.scan()
+    assert "r-1" in adopted, "once it no longer writes it, an orphan like any"
+
+
+@pytest.mark.parametrize(
+    ("tail", "ended"),
+    [(b"", False), (END, True), (b"id: 1\ndata: {}\n\n" + END, True), (b"id: 1\ndata: {}\n\n", False), (END[1:], False)],
+)
+def test_the_end_mark_is_read_from_the_newest_segment(tmp_path: Path, tail: bytes, ended: bool) -> None:
+    directory = tmp_path / "r-1"
+    directory.mkdir()
+    (directory / "000000000001.sse").write_bytes(b"id: 0\ndata: {}\n\n" + END)  # an older segment's end
+    (directory / "000000000002.sse").write_bytes(tail)
+    assert adoption_module._end_seen(directory) is ended
+
+
+def test_a_writer_holds_its_directory_until_it_ends(tmp_path: Path) -> None:
+    from agui_adapter.run.run_journal import RunJournal
+
+    journal = RunJournal("r-1")
+    assert journal.held_directory() is None
+    journal.writer = JournalWriter.claim(make_run(tmp_path, "t-a", "r-1", ended=False), 1 << 20)
+    assert journal.writer is not None
+    assert journal.held_directory() == tmp_path / "t-a" / "r-1"
+    journal.writer.end()
+    assert journal.held_directory() is None
 
 
 def test_a_run_that_ended_since_the_last_scan_quiets_its_thread(scanner) -> None:
