@@ -158,7 +158,13 @@ def test_the_runs_this_process_writes_are_not_looked_at(scanner, monkeypatch: py
 
 @pytest.mark.parametrize(
     ("tail", "ended"),
-    [(b"", False), (END, True), (b"id: 1\ndata: {}\n\n" + END, True), (b"id: 1\ndata: {}\n\n", False), (END[1:], False)],
+    [
+        (b"", False),
+        (END, True),
+        (b"id: 1\ndata: {}\n\n" + END, True),
+        (b"id: 1\ndata: {}\n\n", False),
+        (END[1:], False),
+    ],
 )
 def test_the_end_mark_is_read_from_the_newest_segment(tmp_path: Path, tail: bytes, ended: bool) -> None:
     directory = tmp_path / "r-1"
