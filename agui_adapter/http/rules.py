@@ -717,9 +717,13 @@ def http_date(timestamp: float) -> str:
     return _date_of_second(int(timestamp))
 
 
-def error_body(code: str, message: str) -> bytes:
-    """The JSON error body, as the application writes it: ``{"error": {"code", "message"}}``."""
-    return json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
+def error_body(code: str, message: str, *, ensure_ascii: bool = True) -> bytes:
+    """The JSON error body, ``{"error": {"code", "message"}}``, as ``json.dumps`` with compact
+    separators writes it (``ensure_ascii`` as there: the server's own answers escape what is
+    not ASCII, the application's, in the client's language, do not). Made from its two
+    strings, without the encoder object ``json`` makes per call: every refusal writes one."""
+    quote = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    return f'{{"error":{{"code":{quote(code)},"message":{quote(message)}}}}}'.encode()
 
 
 def error_response(status: int, code: str, message: str, date: str, extra: Iterable[tuple[str, str]] = ()) -> bytes:

@@ -51,6 +51,7 @@ from werkzeug.routing import Map, Rule
 
 from agui_adapter import PROTOCOL_VERSION, __version__
 from agui_adapter.http.connection import CLIENT_GONE_KEY, INLINE_CARRY_KEY
+from agui_adapter.http.rules import error_body
 from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.ops import logs
 from agui_adapter.ops.faults import describe
@@ -213,15 +214,6 @@ ROUTE_TEMPLATES = {
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 """``json.dumps`` with these options would build an encoder per call."""
-_JSON_STRING = json.encoder.encode_basestring
-"""What ``_JSON`` writes for a string (``ensure_ascii=False``)."""
-
-
-def error_payload(code: str, message: str) -> bytes:
-    """``{"error": {"code": code, "message": message}}`` as ``_JSON`` writes it, made from its
-    two strings: the commonest JSON answer (every refusal) without the encoder object
-    ``JSONEncoder.encode`` makes for each dict it writes."""
-    return f'{{"error":{{"code":{_JSON_STRING(code)},"message":{_JSON_STRING(message)}}}}}'.encode()
 
 
 def json_response(
@@ -449,7 +441,7 @@ class AguiApp:
             extra = (extra or []) + [("WWW-Authenticate", 'Bearer realm="agui-adapter"')]
         if "retryAfter" in err.params:
             extra = (extra or []) + [("Retry-After", str(err.params["retryAfter"]))]
-        return json_response(start_response, err.status, error_payload(err.code, message), extra)
+        return json_response(start_response, err.status, error_body(err.code, message, ensure_ascii=False), extra)
 
     # ------------------------------------------------------------------ endpoints
     def health(self, start_response: StartResponse) -> list[bytes]:

@@ -2,13 +2,16 @@
 
 ``web.FIXED_ROUTES`` skips binding the Werkzeug ``Map`` for the fixed routes,
 ``request_checks.STREAM_ACCEPTED`` skips parsing the most common ``Accept`` values,
-``web.error_payload`` writes a refusal's body without a JSON encoder, the request parser
+``rules.error_body`` writes a refusal's body without a JSON encoder (both ways: the
+application's, and the server's own, which escapes what is not ASCII), the request parser
 remembers the ``Host`` values it found valid, and a metric's labels are looked up as given
 before they are made strings: each must give the answer of the code it shortcuts, or the
 shortcut changes behaviour.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from hypothesis import given
@@ -56,10 +59,16 @@ def test_an_error_body_is_what_the_json_encoder_writes(code: str, message: str) 
     except UnicodeEncodeError as exc:  # a lone surrogate: neither can write it
         expected = type(exc)
     if isinstance(expected, bytes):
-        assert web.error_payload(code, message) == expected
+        assert rules.error_body(code, message, ensure_ascii=False) == expected
     else:
         with pytest.raises(expected):
-            web.error_payload(code, message)
+            rules.error_body(code, message, ensure_ascii=False)
+
+
+@given(st.sampled_from([v for k, v in vars(Code).items() if k.isupper()]) | st.text(), st.text())
+def test_the_server_s_error_body_is_what_json_dumps_writes(code: str, message: str) -> None:
+    expected = json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
+    assert rules.error_body(code, message) == expected
 
 
 def _head(host: str) -> bytes:
