@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -32,7 +31,7 @@ from agui_adapter.kernel_client.calls import PLAIN, Call, KernelCalls
 from agui_adapter.kernel_client.connections import KernelConnection, StreamConnections
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
 from agui_adapter.kernel_client.sse import SSEDecoder
-from agui_adapter.ops import speedups
+from agui_adapter.ops import process_local, speedups
 
 
 def _first_batch(text: bytes) -> Any:
@@ -418,7 +417,7 @@ class KernelClient:
     def _post(
         self, method: str, params: dict[str, Any], call: Call, *, stream: bool, timeout: Any = None
     ) -> requests.Response:
-        body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
+        body = {"jsonrpc": "2.0", "id": str(process_local.uuid4()), "method": method, "params": params}
         try:
             response = self._session.post(
                 self.url,
@@ -473,7 +472,7 @@ class KernelClient:
         self, pool: StreamConnections, method: str, params: dict[str, Any], call: Call
     ) -> KernelStream:
         """``stream`` on a pooled connection of our own (an ``http://`` kernel, ``connections``)."""
-        body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
+        body = {"jsonrpc": "2.0", "id": str(process_local.uuid4()), "method": method, "params": params}
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         connection: KernelConnection | None = None
         try:

@@ -32,11 +32,12 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from agui_adapter.ops import process_local
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -144,7 +145,7 @@ class JsonFormatter(logging.Formatter):
             record.getMessage(),
             getattr(record, "request_id", None),
             (getattr(record, "thread_id", None), getattr(record, "run_id", None)),
-            record.process,
+            process_local.pid() if record.process is None else record.process,
             (getattr(record, "trace_id", None), getattr(record, "span_id", None)),
             fields,
             exception,
@@ -211,9 +212,11 @@ def configure(level: str, log_format: str = "text") -> None:
         _own = handler
         # Neither format shows where a log call was made, from which thread or process
         # name: skip finding that out for every record (the logging HOWTO, "Optimization").
+        # The JSON lines' pid comes from ``process_local``, without a ``getpid`` per record.
         logging._srcfile = None  # type: ignore[attr-defined]
         logging.logThreads = False
         logging.logMultiprocessing = False
+        logging.logProcesses = False
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
 
@@ -310,8 +313,9 @@ def write_direct(logger: logging.Logger, levelno: int, message: str, fields: Cal
     elif type(formatter) is JsonFormatter:
         ids = RUN_IDS.get() or (None, None)
         trace = (trace_ids() if trace_ids is not None else None) or (None, None)
-        pid = os.getpid() if logging.logProcesses else None
-        line = formatter.line(created, levelname, logger.name, message, request_id, ids, pid, trace, fields())
+        line = formatter.line(
+            created, levelname, logger.name, message, request_id, ids, process_local.pid(), trace, fields()
+        )
     else:
         return False
     try:

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from agui_adapter.config import Settings
 from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.kernel_client.failures import KernelRejected, KernelUnavailable
+from agui_adapter.ops import process_local
 from agui_adapter.ops.idle import IdleWatch
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol.content import build_user_parts
@@ -216,7 +216,7 @@ class Admitter:
                 cwd=str(cwd),
                 user_id=props.user_id,
                 execution=Execution(
-                    execution_id=str(uuid.uuid4()),
+                    execution_id=str(process_local.uuid4()),
                     ros_invocation_id=props.ros_invocation_id,
                 ),
             )
@@ -228,7 +228,7 @@ class Admitter:
         if mode is Mode.TURN and not fresh:
             if not record.execution.terminal:  # expired interrupts, or a run whose adapter died
                 stale_task_id = record.execution.task_id
-            record.start_execution(str(uuid.uuid4()), props.ros_invocation_id)
+            record.start_execution(str(process_local.uuid4()), props.ros_invocation_id)
         record.remember_run(run_input.run_id, digest)
         RunBegan(run_input.run_id, rfc3339(self.clock()), run_mode_name(mode, props.run_mode)).apply(record)
         ensure_workspace(cwd)

@@ -59,11 +59,11 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agui_adapter.ops import process_local
 from agui_adapter.protocol.events import HEARTBEAT
 from agui_adapter.state.store import thread_key
 
@@ -144,7 +144,7 @@ def read_pipeline_note(directory: Path) -> dict[str, Any] | None:
 def mark_handed_over(directory: Path, when: float) -> None:
     """Journal that the run was left running in the kernel by a process stopping."""
     with contextlib.suppress(OSError):
-        _write_private(directory / HANDED_OVER, json.dumps({"at": when, "pid": os.getpid()}).encode("utf-8"))
+        _write_private(directory / HANDED_OVER, json.dumps({"at": when, "pid": process_local.pid()}).encode("utf-8"))
 
 
 def scan_run(directory: Path, up_to: int | None = None) -> tuple[int, bool, list[dict[str, Any]]]:
@@ -187,7 +187,7 @@ def join_readers(directory: Path, *, fresh: bool = False) -> tuple[int, Path]:
     readers = directory / _READERS
     if fresh:
         os.mkdir(readers, 0o700)
-        path = readers / f"{os.getpid()}-{uuid.uuid4().hex}"
+        path = readers / f"{process_local.pid()}-{process_local.uuid4().hex}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -199,7 +199,7 @@ def join_readers(directory: Path, *, fresh: bool = False) -> tuple[int, Path]:
     fd, temporary = tempfile.mkstemp(prefix=".", dir=readers)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        path = readers / f"{os.getpid()}-{uuid.uuid4().hex}"
+        path = readers / f"{process_local.pid()}-{process_local.uuid4().hex}"
         os.rename(temporary, path)
     except BaseException:
         os.close(fd)
@@ -311,7 +311,7 @@ class JournalStore:
 
     def _make_fresh(self, parent: Path) -> tuple[Path, JournalWriter]:
         """A journal under a temporary name in ``parent``, its writer holding it."""
-        fresh = parent / f"{_NEW}{os.urandom(8).hex()}"  # mkdtemp's job, in one call
+        fresh = parent / f"{_NEW}{process_local.random_hex(8)}"  # mkdtemp's job, in one call
         os.mkdir(fresh, 0o700)
         try:
             return fresh, JournalWriter(fresh, self.buffer_bytes)

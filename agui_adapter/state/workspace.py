@@ -13,7 +13,8 @@ busy and conflict checks, and leaves it behind):
 
 :class:`Workspaces` is the check a server makes on every run: the roots and the reserved
 directories resolved once a second rather than per request (resolving them is most of the
-check's cost), the client's path resolved every time.
+check's cost), and a client's path resolved once for each such second it is used in (then
+confirmed with one ``lstat``).
 
 The adapter's own state directory is never a workspace, even under an allowed root (the
 default roots include the temp dir, where a state dir may well live): a workspace inside it,
@@ -202,8 +203,21 @@ def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
 class Workspaces:
     """The workspace check of a server: ``resolve(raw)`` is ``resolve_workspace`` against
     the roots of ``env`` (``allowed_roots``) and the ``reserved`` directories, both resolved
-    again at most every ``refresh_seconds`` (and when the process's directory changes), so
-    that a root created, removed or re-linked is seen within that time."""
+    again at most every ``refresh_seconds`` (the process's directory, a default root, read
+    again then too), so that a root created, removed or re-linked is seen within that time.
+
+    A client's path is resolved once per such refresh: the resolved path is kept with the
+    roots it was checked against, and taken again while those are the roots and it is still
+    a directory that is no link (one ``lstat``, the check's own fast path). Resolving it
+    costs a ``getcwd`` and an ``lstat`` per component, six system calls for ``/tmp/a/b/c/ws``:
+    under many runs starting at once each system call hands the interpreter's lock over
+    (``ops.process_local`` has the figure). What is
+    given out was checked against the roots in force; a link swapped into the path since is
+    seen at the next refresh, as it would be by a request that came a moment earlier (the
+    kernel opens the path later in any case)."""
+
+    #: The most client paths kept; all are forgotten when there would be more.
+    SEEN_MAX = 1024
 
     def __init__(
         self,
@@ -217,28 +231,40 @@ class Workspaces:
         self._reserved = tuple(reserved)
         self._refresh = refresh_seconds
         self._clock = clock
-        self._known: tuple[float, tuple[str, str], list[Path], list[Path]] | None = None
+        self._known: tuple[float, list[Path], list[Path]] | None = None
+        self._seen: dict[str, tuple[object, Path]] = {}  # raw path -> (the roots checked against, resolved)
 
     def roots(self) -> list[Path]:
         """The allowed roots, resolved (possibly none)."""
-        return self._resolved()[0]
+        return self._resolved()[1]
 
     def resolve(self, raw: str) -> Path:
-        roots, reserved = self._resolved()
-        return _refused_on_failure(lambda: _check(raw, roots, reserved), messages.CWD_INVALID)
+        known = self._resolved()
+        seen = self._seen.get(raw)
+        if seen is not None and seen[0] is known:
+            try:
+                if stat.S_ISDIR(os.lstat(seen[1]).st_mode):
+                    return seen[1]
+            except (OSError, ValueError):
+                pass
+        _, roots, reserved = known
+        path = _refused_on_failure(lambda: _check(raw, roots, reserved), messages.CWD_INVALID)
+        if len(self._seen) >= self.SEEN_MAX:
+            self._seen.clear()
+        self._seen[raw] = (known, path)
+        return path
 
-    def _resolved(self) -> tuple[list[Path], list[Path]]:
+    def _resolved(self) -> tuple[float, list[Path], list[Path]]:
         now = self._clock()
-        where = (os.getcwd(), tempfile.gettempdir())
         known = self._known
-        if known is None or now - known[0] >= self._refresh or known[1] != where:
-            roots = allowed_roots(self._env, *where)
+        if known is None or now - known[0] >= self._refresh:
+            roots = allowed_roots(self._env, os.getcwd(), tempfile.gettempdir())
             try:
                 reserved = [_real(os.path.abspath(path)) for path in self._reserved]
             except (OSError, RuntimeError, ValueError):
                 reserved = [Path(os.path.abspath(path)) for path in self._reserved]
-            known = self._known = (now, where, roots, reserved)  # one tuple, replaced whole
-        return known[2], known[3]
+            known = self._known = (now, roots, reserved)  # one tuple, replaced whole
+        return known
 
 
 def ensure_workspace(path: Path) -> None:

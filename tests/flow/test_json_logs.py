@@ -64,6 +64,7 @@ def test_json_lines_with_ids_and_one_summary_per_run(adapter_process: Any, works
         assert entry["time"].endswith("Z") and "T" in entry["time"]
         assert isinstance(entry["message"], str) and entry["message"]
         assert "[request " not in entry["message"]  # the id is a field, not text
+        assert entry["pid"] == process.proc.pid, entry  # the adapter's own, every line
     assert any("listening on http://" in e["message"] for e in entries)
 
     summary = _summary(entries, turn_body["runId"])

@@ -351,3 +351,54 @@ def test_a_component_that_is_a_file_or_a_dangling_link_is_refused(root: Path) ->
     refused(str(root / "file"), [root], messages.CWD_NOT_DIRECTORY)
     (root / "loop").symlink_to(root / "loop")
     refused(str(root / "loop" / "ws"), [root], messages.CWD_INVALID)
+
+
+def test_workspaces_resolve_a_path_once_per_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = (tmp_path / "root").resolve()
+    (root / "ws").mkdir(parents=True)
+    clock = Clock()
+    workspaces = Workspaces({"IAC_CODE_AGUI_ALLOWED_CWDS": str(root)}, refresh_seconds=1.0, clock=clock)
+    resolved: list[str] = []
+    real = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda path, **kw: resolved.append(str(path)) or real(path, **kw))
+    raw = str(root / "a" / ".." / "ws")
+    assert workspaces.resolve(raw) == root / "ws"
+    assert workspaces.resolve(raw) == root / "ws"
+    clock.now += 0.5
+    assert workspaces.resolve(raw) == root / "ws"
+    assert [path for path in resolved if path.endswith("ws")] == [str(root / "ws")]  # then the path kept
+    clock.now += 0.5  # the roots are resolved again, and the path with them
+    assert workspaces.resolve(raw) == root / "ws"
+    assert [path for path in resolved if path.endswith("ws")] == [str(root / "ws")] * 2
+
+
+def test_workspaces_check_a_kept_path_again_once_it_changed(tmp_path: Path) -> None:
+    root = (tmp_path / "root").resolve()
+    outside = (tmp_path / "outside").resolve()
+    (root / "ws").mkdir(parents=True)
+    outside.mkdir()
+    clock = Clock()
+    workspaces = Workspaces({"IAC_CODE_AGUI_ALLOWED_CWDS": str(root)}, refresh_seconds=1.0, clock=clock)
+    raw = str(root / "ws")
+    assert workspaces.resolve(raw) == root / "ws"
+    (root / "ws").rmdir()  # gone: the full check again, which allows a workspace still to be made
+    assert workspaces.resolve(raw) == root / "ws"
+    (root / "ws").symlink_to(outside, target_is_directory=True)  # now a link out of the root
+    with pytest.raises(AguiError) as caught:
+        workspaces.resolve(raw)
+    assert caught.value.message == messages.CWD_OUTSIDE_ROOTS
+    (root / "ws").unlink()
+    (root / "ws").write_text("a file")
+    with pytest.raises(AguiError) as caught:
+        workspaces.resolve(raw)
+    assert caught.value.message == messages.CWD_NOT_DIRECTORY
+
+
+def test_workspaces_forget_kept_paths_beyond_their_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = (tmp_path / "root").resolve()
+    root.mkdir()
+    workspaces = Workspaces({"IAC_CODE_AGUI_ALLOWED_CWDS": str(root)}, clock=Clock())
+    monkeypatch.setattr(Workspaces, "SEEN_MAX", 3)
+    for name in "abcdefg":
+        assert workspaces.resolve(str(root / name)) == root / name
+        assert len(workspaces._seen) <= 3
