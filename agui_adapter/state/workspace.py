@@ -137,6 +137,14 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root if root.endswith("/") else root + "/")
 
 
+def _is_plain_directory(path: str | Path) -> bool:
+    """Whether ``path`` is a directory and no link (one ``lstat``); False when it is not there."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
     """``resolve_workspace`` with ``roots`` and ``reserved`` resolved already.
 
@@ -169,11 +177,8 @@ def _check(raw: str, roots: Sequence[Path], reserved: Sequence[Path]) -> Path:
             raise _invalid(messages.CWD_STATE_DIR)
     # The common case in one call: the workspace is there, a directory and no link, so
     # every ancestor was followed to reach it and none is a link left unresolved.
-    try:
-        if stat.S_ISDIR(os.lstat(resolved).st_mode):
-            return Path(resolved)
-    except OSError:
-        pass
+    if _is_plain_directory(resolved):
+        return Path(resolved)
     # A symlink left in the resolved path could not be followed (a loop, say), and Python
     # versions differ on raising for it: refuse it here, uniformly. The workspace, or the
     # nearest ancestor that exists, must be a directory: a path under a regular file could
@@ -208,13 +213,13 @@ class Workspaces:
 
     A client's path is resolved once per such refresh: the resolved path is kept with the
     roots it was checked against, and taken again while those are the roots and it is still
-    a directory that is no link (one ``lstat``, the check's own fast path). Resolving it
-    costs a ``getcwd`` and an ``lstat`` per component, six system calls for ``/tmp/a/b/c/ws``:
-    under many runs starting at once each system call hands the interpreter's lock over
-    (``ops.process_local`` has the figure). What is
-    given out was checked against the roots in force; a link swapped into the path since is
-    seen at the next refresh, as it would be by a request that came a moment earlier (the
-    kernel opens the path later in any case)."""
+    a directory that is no link (``_is_plain_directory``, the check's own fast path).
+    Resolving it costs a ``getcwd`` and an ``lstat`` per component, six system calls for
+    ``/tmp/a/b/c/ws``: under many runs starting at once each system call hands the
+    interpreter's lock over (``ops.process_local`` has the figure). What is given out was
+    checked against the roots in force; a link swapped into the path since is seen at the
+    next refresh, as it would be by a request that came a moment earlier (the kernel opens
+    the path later in any case)."""
 
     #: The most client paths kept; all are forgotten when there would be more.
     SEEN_MAX = 1024
@@ -241,12 +246,8 @@ class Workspaces:
     def resolve(self, raw: str) -> Path:
         known = self._resolved()
         seen = self._seen.get(raw)
-        if seen is not None and seen[0] is known:
-            try:
-                if stat.S_ISDIR(os.lstat(seen[1]).st_mode):
-                    return seen[1]
-            except (OSError, ValueError):
-                pass
+        if seen is not None and seen[0] is known and _is_plain_directory(seen[1]):
+            return seen[1]
         _, roots, reserved = known
         path = _refused_on_failure(lambda: _check(raw, roots, reserved), messages.CWD_INVALID)
         if len(self._seen) >= self.SEEN_MAX:
