@@ -38,6 +38,7 @@ class Admission:
     parts: list[dict[str, Any]] = field(default_factory=list)
     stale_task_id: str | None = None  # a task of the thread's previous execution that may still run
     trace: Any = None  # the run's span (``tracing``), set by the HTTP edge
+    start_slot: Any = None  # its turn to start (``ops.start_gate``), set by the HTTP edge
 
     @property
     def run_mode(self) -> str:

@@ -122,6 +122,7 @@ class RunDriver:
         self._admitted = time.monotonic()
         self._mode = admission.run_mode
         self._trace = admission.trace if admission.trace is not None else NO_TRACE
+        self._start_slot = admission.start_slot  # given back with the first chunk (``ops.start_gate``)
         self._trace.set(mode=self._mode)
         self._first_event: float | None = None  # seconds from admission to the first event after RUN_STARTED
         self._events = 0  # events encoded (the ids used)
@@ -160,7 +161,14 @@ class RunDriver:
             self._sent(self._unsent)
             self._journal_chunk(chunk)
         self._bytes += len(chunk)
+        if self._start_slot is not None:  # the start is made: the next run's turn
+            self._leave_start()
         return chunk
+
+    def _leave_start(self) -> None:
+        slot, self._start_slot = self._start_slot, None
+        if slot is not None:
+            slot.leave()
 
     def _sent(self, count: int) -> None:
         """The events of a chunk handed to the client's server (counted per chunk)."""
@@ -174,6 +182,7 @@ class RunDriver:
         """End of the response: the client left, the server closed it, or the run is over.
         A live run whose client left goes on detached when a grace period is set or other
         readers follow it; else it ends here."""
+        self._leave_start()  # a start that never got to its first chunk
         if self._life.state is Attach.ENDED:
             return
         token = RUN_IDS.set(self._ids)

@@ -61,6 +61,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from agui_adapter.ops import start_gate
+
 log = logging.getLogger("agui_adapter.state.record_log")
 
 MAGIC = b"AGUIRLG1"
@@ -252,22 +254,32 @@ class RecordLog:
         log's lock, so that appends go on meanwhile; the file cannot be reset meanwhile
         (``writing`` counts this entry). After a failed sync nothing it may have covered is
         trusted (a second ``fdatasync`` can succeed on pages the first lost)."""
-        with active.sync_lock:
-            if active.synced >= mine:
-                return True
-            if active.sync_failed:
-                return False
-            with self._lock:
-                covered = active.appended
+        if active.sync_lock.acquire(blocking=False):
             try:
-                os.fdatasync(active.fd)
-            except OSError as exc:
-                active.sync_failed = True
-                with self._lock:
-                    self._fail(exc)
-                return False
-            active.synced = covered
+                return self._synced(active, mine)
+            finally:
+                active.sync_lock.release()
+        # another save's sync is under way: while this one waits for it (and maybe syncs after
+        # it), the next run's start goes on, and its save shares the next sync
+        with start_gate.waiting(), active.sync_lock:
+            return self._synced(active, mine)
+
+    def _synced(self, active: _LogFile, mine: int) -> bool:  # holding ``active.sync_lock``
+        if active.synced >= mine:
             return True
+        if active.sync_failed:
+            return False
+        with self._lock:
+            covered = active.appended
+        try:
+            os.fdatasync(active.fd)
+        except OSError as exc:
+            active.sync_failed = True
+            with self._lock:
+                self._fail(exc)
+            return False
+        active.synced = covered
+        return True
 
     def _fail(self, exc: OSError) -> None:  # holding the lock
         self._off = True

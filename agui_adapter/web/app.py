@@ -56,6 +56,7 @@ from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.ops import logs
 from agui_adapter.ops.faults import describe
 from agui_adapter.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from agui_adapter.ops.start_gate import STARTS
 from agui_adapter.ops.tracing import Tracing
 from agui_adapter.protocol import catalog as msg
 from agui_adapter.protocol import events as ev
@@ -532,7 +533,13 @@ class AguiApp:
                     gone = environ.get(CLIENT_GONE_KEY)
                     thread_id, run_id = run_input.thread_id, run_input.run_id
                     return self._replay(start_response, reader, language, gone, thread_id, run_id)
-            admission = self._admit(run_input, language)
+            slot = STARTS.enter()  # starts two at a time (``ops.start_gate``)
+            try:
+                admission = self._admit(run_input, language)
+            except BaseException:
+                slot.leave()
+                raise
+            admission.start_slot = slot
         except AguiError as err:
             if self.access_log:
                 environ[REFUSED_KEY] = str(err.code)  # on the access line (``access_log``)
@@ -543,7 +550,11 @@ class AguiApp:
         log.info(
             "run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode.value, extra=ids
         )
-        body = self.engine.stream(admission, environ.get(CLIENT_GONE_KEY))
+        try:
+            body = self.engine.stream(admission, environ.get(CLIENT_GONE_KEY))
+        except BaseException:
+            slot.leave()
+            raise
         try:
             start_response("200 OK", list(SSE_HEADERS))
         except BaseException:

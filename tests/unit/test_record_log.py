@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agui_adapter.ops.start_gate import StartGate
 from agui_adapter.state import record_log
 from agui_adapter.state.record_log import ENTRY, FILE_BYTES, HEADER, MAGIC, RecordLog, frame, scan
 from agui_adapter.state.retention import prune
@@ -410,3 +411,50 @@ def test_a_dropped_log_ends_its_thread_and_lets_its_files_go(tmp_path: Path, mon
     dead = [path.name for path, _ in record_log.orphaned_entries(tmp_path / record_log.DIRECTORY)]
     assert len(dead) == 2  # their locks were released with them
     assert not any(t.name == "record-log" and t is thread for t in threading.enumerate())
+
+
+def test_a_save_waiting_for_anothers_sync_lets_the_next_start_in(
+    made: RecordLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start's save that finds a sync under way gives its turn at the start gate to the next
+    start meanwhile (whose save may then share the next sync), and takes a turn again after;
+    a save that syncs at once keeps its turn."""
+    gate = StartGate(1, stall_seconds=30)
+    active = made._active
+    assert active is not None
+    syncing, disk = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if fd == active.fd and not disk.is_set():
+            syncing.set()
+            disk.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(record_log.os, "fdatasync", fdatasync)
+    first = threading.Thread(target=lambda: made.written(made.append(b'{"threadId":"a"}', made.threads_dir / "a.json")))
+    first.start()  # no start of its own: it syncs, and holds the sync
+    assert syncing.wait(30)
+    turns: list[bool] = []
+
+    def start_that_saves() -> None:
+        slot = gate.enter()
+        ticket = made.append(b'{"threadId":"b"}', made.threads_dir / "b.json")
+        turns.append(slot.holding)
+        made.written(ticket)
+        slot.leave()
+
+    saver = threading.Thread(target=start_that_saves)
+    saver.start()
+    wait_for(lambda: active.appended == 2 and gate.taken() == 0)  # appended, and its turn given up
+    nxt = gate.enter()  # the next start gets in while the save waits
+    disk.set()
+    wait_for(lambda: len(gate._back) == 1)  # synced: back for a turn, ahead of new starts
+    nxt.leave()
+    saver.join(30)
+    first.join(30)
+    assert turns == [True] and gate.taken() == 0
+    with_turn = gate.enter()
+    made.written(made.append(b'{"threadId":"c"}', made.threads_dir / "c.json"))  # no sync under way
+    assert with_turn.holding and gate.taken() == 1
+    with_turn.leave()
