@@ -14,7 +14,9 @@ next one covers them all (200 runs started at once wait for a few syncs, not 200
 
 Layout: ``<state-dir>/record-log/<pid>-<random>-<0|1>.log``, 0600 in a 0700 directory,
 two files per process, each held with an exclusive ``flock`` for the process's life (so
-that a file nobody holds is known to be a dead process's). One takes the appends; when it
+that a file nobody holds is known to be a dead process's; a file is named ``*.log`` only once
+it is locked, so that a file being made is never taken for one: a ``kill -9`` in that instant
+leaves an empty ``*.log.making``, never read). One takes the appends; when it
 is half full or its first entry is ``ROTATE_SECONDS`` old, the other takes over and the
 log's thread checkpoints the first: every record it names is ``fsync``ed where it is now,
 the threads directory is synced, and the file is reset (a new epoch in its header, so
@@ -73,6 +75,8 @@ FILE_BYTES = 512 * 1024
 #: The oldest an entry gets before its file is checkpointed (while its process lives).
 ROTATE_SECONDS = 10.0
 DIRECTORY = "record-log"
+#: The suffix a log file has while it is made, until it is locked (recovery reads ``*.log`` only).
+MAKING = ".making"
 
 
 def scan(data: bytes) -> Iterator[bytes]:
@@ -116,17 +120,24 @@ class _LogFile:
         self.synced = 0
         self.sync_failed = False
         self.sync_lock = threading.Lock()  # one ``fdatasync`` at a time; the next covers all behind it
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # made under a name recovery does not read, and named ``*.log`` only once locked: else
+        # another process's recovery could take the new file for a dead process's (no lock yet)
+        # and delete it under its maker (``orphaned_entries``)
+        making = path.with_name(path.name + MAKING)
+        self.fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        named = making
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(making, path)
+            named = path
             view = memoryview(bytes(FILE_BYTES))
             while view:
                 view = view[os.write(self.fd, view) :]
             self.reset()  # synced with its size and blocks: appends then change data only
         except BaseException:
-            os.close(self.fd)
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(named)  # before the lock goes with the descriptor
+            os.close(self.fd)
             raise
         # closed (its lock released) when the log is dropped; a dead process's file then
         self._closer = weakref.finalize(self, _close_quietly, self.fd)
@@ -343,8 +354,8 @@ class RecordLog:
         try:
             second = _LogFile(self.directory / f"{stem}-1.log")
         except BaseException:
+            os.unlink(first.path)  # while its lock is held: nobody takes it for a dead process's
             first.close()
-            os.unlink(first.path)
             raise
         _sync_directory(self.directory)
         _sync_directory(self.directory.parent)  # the log's directory, made just now maybe

@@ -196,6 +196,37 @@ def test_an_entry_over_half_a_file_is_left_to_the_classic_write(made: RecordLog)
     assert made.ready
 
 
+def test_a_file_being_made_is_never_taken_for_a_dead_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's recovery in the instant between a file's creation and its lock (CI saw
+    it: two adapters on one state directory, one making its files as the other started) finds
+    nothing to read: the file is not named ``*.log`` before it is locked."""
+    directory = tmp_path / record_log.DIRECTORY
+    threads = tmp_path / "threads"
+    threads.mkdir()
+    found: list[list[str]] = []  # what each recovery read
+    recovering = threading.local()
+    real_flock = record_log.fcntl.flock
+
+    def recovery_first(fd: int, operation: int) -> None:
+        if not getattr(recovering, "now", False) and os.fstat(fd).st_size == 0:  # just made, not locked
+            recovering.now = True
+            try:
+                found.append([path.name for path, _ in record_log.orphaned_entries(directory)])
+            finally:
+                recovering.now = False
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(record_log.fcntl, "flock", recovery_first)
+    the_log = RecordLog(directory, threads)
+    the_log._make_files()
+    monkeypatch.undo()
+    assert found == [[], []]  # a recovery in the instant before each lock: nothing of the maker's
+    files = sorted(directory.iterdir())
+    assert [f.name.rsplit("-", 1)[1] for f in files] == ["0.log", "1.log"]
+    assert all(f.stat().st_size == FILE_BYTES for f in files)
+    assert list(record_log.orphaned_entries(directory)) == []  # held by their maker
+
+
 def test_a_log_that_cannot_be_made_is_off_and_saves_stay_durable(tmp_path: Path) -> None:
     (tmp_path / record_log.DIRECTORY).write_text("in the way")  # not a directory
     store = ThreadStore(tmp_path)
