@@ -16,7 +16,8 @@ Layout: ``<state-dir>/record-log/<pid>-<random>-<0|1>.log``, 0600 in a 0700 dire
 two files per process, each held with an exclusive ``flock`` for the process's life (so
 that a file nobody holds is known to be a dead process's; a file is named ``*.log`` only once
 it is locked, so that a file being made is never taken for one: a ``kill -9`` in that instant
-leaves an empty ``*.log.making``, never read). One takes the appends; when it
+leaves an empty ``*.log.making``, never read, and deleted by recovery once it is a minute old
+and nobody holds it). One takes the appends; when it
 is half full or its first entry is ``ROTATE_SECONDS`` old, the other takes over and the
 log's thread checkpoints the first: every record it names is ``fsync``ed where it is now,
 the threads directory is synced, and the file is reset (a new epoch in its header, so
@@ -77,6 +78,9 @@ ROTATE_SECONDS = 10.0
 DIRECTORY = "record-log"
 #: The suffix a log file has while it is made, until it is locked (recovery reads ``*.log`` only).
 MAKING = ".making"
+#: How old a ``*.log.making`` nobody holds must be before recovery deletes it: its maker locks
+#: it microseconds after creating it, so one this old and unlocked is a dead process's.
+UNMADE_SECONDS = 60.0
 
 
 def scan(data: bytes) -> Iterator[bytes]:
@@ -452,6 +456,41 @@ def orphaned_entries(directory: Path) -> Iterator[tuple[Path, list[bytes]]]:
             os.unlink(path)
         finally:
             os.close(fd)
+
+
+def remove_unmade(directory: Path, now: float | None = None) -> int:
+    """Delete the ``*.log.making`` files a process killed while making its log left behind
+    (none holds entries: a file is renamed ``*.log`` before its first byte is written); how
+    many. Only a file nobody holds that is ``UNMADE_SECONDS`` old goes: a younger unlocked
+    one may be in the instant between its creation and its maker's lock."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        if not name.endswith(".log" + MAKING):
+            continue
+        path = directory / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    continue  # its maker is at work
+                raise
+            if now - os.fstat(fd).st_mtime < UNMADE_SECONDS or not _still_named(fd, path):
+                continue
+            os.unlink(path)
+            removed += 1
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _still_named(fd: int, path: Path) -> bool:

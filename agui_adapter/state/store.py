@@ -196,12 +196,14 @@ class ThreadStore:
     def recover(self) -> int:
         """Write back what the logs of dead processes hold and the records lost (a power cut
         after a durable save); how many records were written back. Each log is deleted once
-        read; a live process's log is left alone."""
+        read, and so is a file a dead process left half made; a live process's are left alone."""
         restored = 0
         dead: set[str] = set()  # the stems of dead processes whose spares are deleted (two logs each)
+        directory = self.root / record_log.DIRECTORY
         try:
+            record_log.remove_unmade(directory)
             # each log is deleted when the next is asked for: once its records are written back
-            for path, entries in record_log.orphaned_entries(self.root / record_log.DIRECTORY):
+            for path, entries in record_log.orphaned_entries(directory):
                 restored += self._write_back(entries)
                 stem = record_log.file_stem(path)
                 if stem not in dead:

@@ -4,6 +4,7 @@ SIGKILL)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -225,6 +227,32 @@ def test_a_file_being_made_is_never_taken_for_a_dead_process(tmp_path: Path, mon
     assert [f.name.rsplit("-", 1)[1] for f in files] == ["0.log", "1.log"]
     assert all(f.stat().st_size == FILE_BYTES for f in files)
     assert list(record_log.orphaned_entries(directory)) == []  # held by their maker
+
+
+def test_recovery_deletes_what_a_maker_killed_before_its_lock_left_and_nothing_else(tmp_path: Path) -> None:
+    """A ``kill -9`` between a file's creation and its lock leaves an empty ``*.log.making``:
+    recovery deletes it once it is old and nobody holds it; a young one may be in that very
+    instant, and a held one is its maker's."""
+    directory = tmp_path / record_log.DIRECTORY
+    directory.mkdir()
+    old = time.time() - record_log.UNMADE_SECONDS - 5
+    dead, young, held = (directory / f"{n}-0123456789abcdef-0.log{record_log.MAKING}" for n in (101, 102, 103))
+    for path in (dead, young, held):
+        path.touch()
+    os.utime(dead, (old, old))
+    os.utime(held, (old, old))
+    holder = os.open(held, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    store = ThreadStore(tmp_path)
+    try:
+        assert store.recover() == 0
+        assert sorted(p.name for p in directory.iterdir()) == [young.name, held.name]
+    finally:
+        os.close(holder)
+    store.recover()
+    assert sorted(p.name for p in directory.iterdir()) == [young.name]  # let go: its maker died
+    assert record_log.remove_unmade(directory, now=time.time() + record_log.UNMADE_SECONDS + 1) == 1
+    assert list(directory.iterdir()) == []
 
 
 def test_a_log_that_cannot_be_made_is_off_and_saves_stay_durable(tmp_path: Path) -> None:
