@@ -426,15 +426,16 @@ def _sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def orphaned_entries(directory: Path) -> Iterator[tuple[Path, list[bytes]]]:
-    """Each log file of a dead process (its lock free) and its entries, held while the caller
-    handles them; the file is deleted once the caller is done with it (recovery)."""
+def _unheld(directory: Path, suffix: str) -> Iterator[tuple[Path, int]]:
+    """Each file of ``directory`` named ``*<suffix>`` that no process holds, with its fd,
+    locked by us while the caller handles it (recovery); one deleted meanwhile by another
+    process's recovery is skipped."""
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return
     for name in names:
-        if not name.endswith(".log"):
+        if not name.endswith(suffix):
             continue
         path = directory / name
         try:
@@ -448,14 +449,20 @@ def orphaned_entries(directory: Path) -> Iterator[tuple[Path, list[bytes]]]:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     continue  # a live process's
                 raise
-            if not _still_named(fd, path):
-                continue  # deleted by another process's recovery meanwhile
-            with os.fdopen(os.dup(fd), "rb") as handle:
-                data = handle.read()
-            yield path, list(scan(data))
-            os.unlink(path)
+            if _still_named(fd, path):
+                yield path, fd
         finally:
             os.close(fd)
+
+
+def orphaned_entries(directory: Path) -> Iterator[tuple[Path, list[bytes]]]:
+    """Each log file of a dead process (its lock free) and its entries, held while the caller
+    handles them; the file is deleted once the caller is done with it (recovery)."""
+    for path, fd in _unheld(directory, ".log"):
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read()
+        yield path, list(scan(data))
+        os.unlink(path)
 
 
 def remove_unmade(directory: Path, now: float | None = None) -> int:
@@ -464,32 +471,11 @@ def remove_unmade(directory: Path, now: float | None = None) -> int:
     many. Only a file nobody holds that is ``UNMADE_SECONDS`` old goes: a younger unlocked
     one may be in the instant between its creation and its maker's lock."""
     now = time.time() if now is None else now
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return 0
     removed = 0
-    for name in names:
-        if not name.endswith(".log" + MAKING):
-            continue
-        path = directory / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    continue  # its maker is at work
-                raise
-            if now - os.fstat(fd).st_mtime < UNMADE_SECONDS or not _still_named(fd, path):
-                continue
+    for path, fd in _unheld(directory, ".log" + MAKING):
+        if now - os.fstat(fd).st_mtime >= UNMADE_SECONDS:
             os.unlink(path)
             removed += 1
-        finally:
-            os.close(fd)
     return removed
 
 
