@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 import pytest
@@ -13,7 +14,10 @@ from agui_adapter.ops import process_local
 def test_random_bytes_are_the_systems_bought_once_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = os.urandom
-    monkeypatch.setattr(os, "urandom", lambda n: calls.append(n) or real(n))
+    me = threading.get_ident()
+    # this thread's calls only: a thread an earlier test left (a record log's checkpoint draws
+    # its epoch with os.urandom) may call it meanwhile
+    monkeypatch.setattr(os, "urandom", lambda n: (threading.get_ident() == me and calls.append(n)) or real(n))
     monkeypatch.setattr(process_local, "_buffer", b"")
     ids = [process_local.uuid4() for _ in range(process_local._CHUNK // 16)]
     assert calls == [process_local._CHUNK]  # 256 UUIDs, one system call
