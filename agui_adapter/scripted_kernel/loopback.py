@@ -8,6 +8,7 @@ temporary folders removed).
 
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Any
 
@@ -15,6 +16,12 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from agui_adapter.scripted_kernel.jsonrpc import ScriptedKernelApp
 from agui_adapter.scripted_kernel.tasks import KernelState
+
+#: Connections the kernel's socket queues before its loop accepts them: as many as the adapter's
+#: own (``http.limits``). Werkzeug's 128 drops the connection attempts of a burst beyond it, and
+#: each dropped one waits a second for its retry (200 runs started at once, say, each opening
+#: its stream at the same instant).
+LISTEN_BACKLOG = max(1024, socket.SOMAXCONN)
 
 
 class _QuietRequestHandler(WSGIRequestHandler):
@@ -67,6 +74,7 @@ class ScriptedKernel:
             raise RuntimeError("the scripted kernel is already running")
         handler = WSGIRequestHandler if self._log_requests else _QuietRequestHandler
         server = make_server(host, port, self.app, threaded=True, request_handler=handler)
+        server.socket.listen(LISTEN_BACKLOG)  # Werkzeug listens with 128
         url_host = f"[{host}]" if ":" in host else host
         self.url = f"http://{url_host}:{server.server_port}/"
         thread = threading.Thread(

@@ -9,11 +9,13 @@ real kernel's captures (the captures themselves are not read at test time).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -965,3 +967,35 @@ def test_module_entry_point_ready_health_and_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_burst_of_connections_waits_in_the_queue_not_for_a_retry() -> None:
+    """Werkzeug listens with a backlog of 128: the 129th connection attempt of a burst is dropped
+    and waits a second for its retry. The kernel's socket queues a burst of 300 while nobody
+    accepts (its loop stopped here, the socket kept listening through a second descriptor)."""
+    kernel = ScriptedKernel()
+    url = kernel.start()
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    server = kernel._server
+    assert server is not None
+    listening = socket.socket(fileno=os.dup(server.socket.fileno()))
+    kernel.stop()  # the loop ends and closes its descriptor; the socket listens on, unaccepted
+    attempts = []
+    try:
+        for _ in range(300):
+            sock = socket.socket()
+            sock.setblocking(False)
+            attempts.append(sock)
+            assert sock.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
+        connected: set[socket.socket] = set()
+        deadline = time.monotonic() + 0.8  # under the one-second retry of a dropped attempt
+        while len(connected) < len(attempts) and time.monotonic() < deadline:
+            _, writable, _ = select.select([], [s for s in attempts if s not in connected], [], 0.1)
+            for sock in writable:
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                connected.add(sock)
+        assert len(connected) == 300
+    finally:
+        for sock in attempts:
+            sock.close()
+        listening.close()
