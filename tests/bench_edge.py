@@ -54,8 +54,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_kernel(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    cmd = [sys.executable, "-m", "agui_adapter.scripted_kernel", "--port", "0", "--token", TOKEN]
+def start_kernel(env: dict[str, str], *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The scripted kernel on a free port (``extra``: more of its flags); it and its URL."""
+    cmd = [sys.executable, "-m", "agui_adapter.scripted_kernel", "--port", "0", "--token", TOKEN, *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     match = re.search(rb"READY (\S+)", proc.stdout.readline())
