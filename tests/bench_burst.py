@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_edge import HEADERS, ROOT, TOKEN, free_port, run_body, start_adapter, start_kernel
+from bench_edge import HEADERS, TOKEN, adapter_environ, bench_environ, run_body, start_kernel, start_server
 
 #: The text of the first ``[SLOW]`` piece: where both servers' streams show the first delta.
 FIRST_PIECE = b"Slowly"
@@ -153,20 +153,11 @@ def main() -> int:
     parser.add_argument("--bursts", type=int, default=5, help="bursts per server (alternating)")
     parser.add_argument("--delay-scale", type=float, default=0.3, help="seconds between the kernel's deltas")
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE_AGUI_")}
-    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    env = bench_environ()
     tmp = Path(tempfile.mkdtemp(prefix="agui-bench-burst-"))
     (tmp / "ws").mkdir()
     kernel, kernel_url = start_kernel(env, "--delay-scale", str(args.delay_scale))
-    server_env = dict(
-        env,
-        IAC_CODE_AGUI_A2A_URL=kernel_url,
-        IAC_CODE_AGUI_A2A_TOKEN=TOKEN,
-        IAC_CODE_AGUI_STATE_DIR=str(tmp / "state"),
-        IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp),
-        BENCH_KERNEL_URL=kernel_url,
-        BENCH_KERNEL_TOKEN=TOKEN,
-    )
+    server_env = adapter_environ(env, tmp, kernel_url, BENCH_KERNEL_URL=kernel_url, BENCH_KERNEL_TOKEN=TOKEN)
     servers = {
         "pass-through": [sys.executable, "-c", PASS_THROUGH],
         "adapter": [sys.executable, "run.py", "--port", "{port}"],
@@ -175,9 +166,7 @@ def main() -> int:
     results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in servers}
     try:
         for name, cmd in servers.items():
-            port = free_port()
-            argv = [part.replace("{port}", str(port)) for part in cmd]
-            started[name] = (start_adapter(argv, port, dict(server_env, BENCH_PORT=str(port))), port)
+            started[name] = start_server(cmd, server_env)
         print(f"{args.clients} clients, kernel deltas {args.delay_scale:g} s apart; figures less that first pause")
         for index in range(args.bursts):
             for name, (proc, port) in started.items():  # interleaved, burst by burst

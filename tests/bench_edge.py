@@ -72,6 +72,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def bench_environ() -> dict[str, str]:
+    """This environment without the adapter's own settings, unbuffered, the project importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IAC_CODE_AGUI_")}
+    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    return env
+
+
+def adapter_environ(env: dict[str, str], tmp: Path, kernel_url: str, **extra: str) -> dict[str, str]:
+    """``env`` with the adapter's settings: the scripted kernel at ``kernel_url``, the state and
+    the workspaces under ``tmp``, and ``extra``."""
+    return dict(
+        env,
+        IAC_CODE_AGUI_A2A_URL=kernel_url,
+        IAC_CODE_AGUI_A2A_TOKEN=TOKEN,
+        IAC_CODE_AGUI_STATE_DIR=str(tmp / "state"),
+        IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp),
+        **extra,
+    )
+
+
+def start_server(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """``cmd`` on a free port (``{port}`` in its arguments, ``BENCH_PORT`` in its environment),
+    once its ``/health`` answers 200; the process and its port."""
+    port = free_port()
+    argv = [part.replace("{port}", str(port)) for part in cmd]
+    return start_adapter(argv, port, dict(env, BENCH_PORT=str(port))), port
+
+
 def start_adapter(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -171,18 +199,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--reps", type=int, default=1, help="repetitions (medians are printed)")
     args = parser.parse_args()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    env = {k: v for k, v in env.items() if not k.startswith("IAC_CODE_AGUI_")}
+    env = bench_environ()
     tmp = Path(tempfile.mkdtemp(prefix="agui-bench-edge-"))
     kernel, kernel_url = start_kernel(env)
-    adapter_env = dict(
-        env,
-        IAC_CODE_AGUI_A2A_URL=kernel_url,
-        IAC_CODE_AGUI_A2A_TOKEN=TOKEN,
-        IAC_CODE_AGUI_STATE_DIR=str(tmp / "state"),
-        IAC_CODE_AGUI_ALLOWED_CWDS=str(tmp),
-        IAC_CODE_AGUI_LOG_LEVEL="warning",
-    )
+    adapter_env = adapter_environ(env, tmp, kernel_url, IAC_CODE_AGUI_LOG_LEVEL="warning")
     servers = {
         "werkzeug dev server": [sys.executable, "-c", WERKZEUG_LAUNCHER],
         "built-in (http/server.py)": [sys.executable, "run.py", "--port", "{port}"],
@@ -191,9 +211,7 @@ def main() -> int:
     try:
         for _ in range(args.reps):
             for name, cmd in servers.items():  # interleaved, rep by rep
-                port = free_port()
-                argv = [part.replace("{port}", str(port)) for part in cmd]
-                adapter = start_adapter(argv, port, dict(adapter_env, BENCH_PORT=str(port)))
+                adapter, port = start_server(cmd, adapter_env)
                 try:
                     first_events(port, tmp, 5)  # warm-up
                     rate, cpu = rejections(port, adapter.pid, tmp, args.clients, args.seconds)
