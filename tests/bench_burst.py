@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import socket
 import statistics
 import sys
@@ -36,7 +35,16 @@ import threading
 import time
 from pathlib import Path
 
-from bench_edge import HEADERS, TOKEN, adapter_environ, bench_environ, run_body, start_kernel, start_server
+from bench_edge import (
+    HEADERS,
+    TOKEN,
+    adapter_environ,
+    bench_environ,
+    cpu_split,
+    run_body,
+    start_kernel,
+    start_server,
+)
 
 #: The text of the first ``[SLOW]`` piece: where both servers' streams show the first delta.
 FIRST_PIECE = b"Slowly"
@@ -87,13 +95,6 @@ ThreadingHTTPServer.daemon_threads = True
 ThreadingHTTPServer.request_queue_size = 1024
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["BENCH_PORT"])), PassThrough).serve_forever()
 """
-
-
-def cpu_split(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def one_stream(port: int, body: bytes, opened: threading.Barrier, out: list[float | None], slot: int) -> None:

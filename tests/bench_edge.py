@@ -49,9 +49,16 @@ server.serve_forever()
 """
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` so far, together."""
+    return sum(cpu_split(pid))
 
 
 def start_kernel(env: dict[str, str], *extra: str) -> tuple[subprocess.Popen[bytes], str]:
