@@ -54,6 +54,13 @@ RECV = 65536
 _LONGEST_POLL_MS = 2**31 - 1  # poll() takes a C int: a longer wait (a timeout of years) is cut to 24 days
 #: The environ key of ``Connection.hung_up`` (a call, no argument, True once the client left).
 CLIENT_GONE_KEY = "agui.client_gone"
+#: The environ key of the built-in server's offer to tell the application when its client hangs
+#: up: ``watch(notify) -> bool``, True when the server took it; then ``notify(gone)`` is called
+#: once, on the server's I/O thread, while the response lasts: ``gone`` True when the client
+#: closed or reset the connection, False when the server stopped watching for another reason
+#: (bytes pipelined behind the request, the server's loop ending): ask ``CLIENT_GONE_KEY`` again.
+#: ``notify`` must not block. Absent under other servers, and on the server's I/O thread.
+CLIENT_WATCH_KEY = "agui.client_watch"
 #: The environ key of what the application left in the environ when it declined to answer a
 #: request on the I/O thread (``answer_inline`` returned None): offered again in the environ
 #: of the same request on its worker, so that the work done while declining (the checks of a
@@ -122,6 +129,7 @@ class Connection:
         "reader",
         "ticket",
         "carry",
+        "watch",
         "_polls",
     )
 
@@ -143,6 +151,8 @@ class Connection:
         self.carry: Any = None
         """What the application left when it declined its request on the I/O thread, for the
         same request's environ on its worker (``INLINE_CARRY_KEY``)."""
+        self.watch: Any = None
+        """While the server's I/O thread watches it for a hang-up during a response, the watch."""
         self._polls: dict[int, select.poll] = {}
 
     def ready(self, events: int, timeout: float) -> bool:

@@ -19,6 +19,7 @@ from urllib.parse import unquote_to_bytes
 
 from agui_adapter.http.connection import (
     CLIENT_GONE_KEY,
+    CLIENT_WATCH_KEY,
     INLINE_CARRY_KEY,
     BodyError,
     Connection,
@@ -37,6 +38,9 @@ log = logging.getLogger("agui_adapter.http.server")  # one log for the whole bui
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 InlineAnswer = Callable[[dict[str, Any], Callable[..., Any]], "Iterable[bytes] | None"]
+#: The server's watch for a hang-up during a response (``CLIENT_WATCH_KEY``), and its end.
+Watch = Callable[[Connection, Callable[[bool], None]], bool]
+Unwatch = Callable[[Connection], None]
 
 
 class Exchanges:
@@ -49,6 +53,7 @@ class Exchanges:
         base_environ: dict[str, Any],
         busy: bytes,
         closing: Callable[[], bool],
+        watch: tuple[Watch, Unwatch] | None = None,
     ) -> None:
         self.app = app
         self.limits = limits
@@ -57,6 +62,8 @@ class Exchanges:
         """The 503 SERVER_BUSY answer of a reserve connection."""
         self._closing = closing
         """Whether connections close after their response (the server is draining)."""
+        self._watch = watch
+        """The server's watch for a hang-up, offered to a response on a worker (``CLIENT_WATCH_KEY``)."""
 
     def answer(self, conn: Connection, status: int, code: str, message: str) -> None:
         """A response of the server's own, then the connection closes."""
@@ -150,6 +157,8 @@ class Exchanges:
                     conn.carry = environ.get(INLINE_CARRY_KEY)  # for the same request on its worker
                     return False
             else:
+                if self._watch is not None:
+                    environ[CLIENT_WATCH_KEY] = partial(self._watch[0], conn)
                 result = self.app(environ, response.start_response)
             if req.method == "HEAD":
                 if response.status is None:  # a lazy application answers in its first item
@@ -183,6 +192,8 @@ class Exchanges:
                 except Exception as exc:  # noqa: BLE001 - log it; the connection goes on
                     log.error("closing %s %.200s failed: %s", req.method, req.path, describe(exc))
                     response.keep_alive = False
+            if conn.watch is not None:  # the response is over: no more word of a hang-up
+                self._watch[1](conn)  # type: ignore[index]
         return True
 
     def _failed(self, conn: Connection, response: Response, status: int, code: str, message: str, quiet: bool) -> None:

@@ -45,7 +45,10 @@ when they are produced, and a write that fails (the client went away) or cannot 
 progress for ``send_timeout`` seconds ends the response: the WSGI iterable's ``close()``
 always runs, which is how the application notices a client that left. A stream that writes
 nothing while it waits need not wait for a write to fail: the environ's ``agui.client_gone``
-(``connection.CLIENT_GONE_KEY``) tells it, without blocking, that the client hung up.
+(``connection.CLIENT_GONE_KEY``) tells it, without blocking, that the client hung up, and
+``agui.client_watch`` (``connection.CLIENT_WATCH_KEY``) has the I/O thread watch the socket
+during the response and say so the moment it happens (``watch``), so that a waiting stream
+need not wake up to ask.
 
 Framing: responses with a ``Content-Length`` keep the connection alive (``/health``, JSON
 errors, cancel); a response without one is chunked on HTTP/1.1 (closed on HTTP/1.0);
@@ -67,6 +70,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from enum import Enum
 
 from agui_adapter.http import inline, listener
@@ -103,6 +107,16 @@ _KERNEL_REGISTRATION = tuple(
     if hasattr(selectors, name)
 )
 """Selectors whose registrations reach a ``select()`` already waiting (the kernel holds the set)."""
+
+
+class _Watch:
+    """A response's socket watched by the I/O thread for a hang-up (``WSGIServer.watch``)."""
+
+    __slots__ = ("conn", "notify")
+
+    def __init__(self, conn: Connection, notify: Callable[[bool], None]) -> None:
+        self.conn = conn
+        self.notify = notify
 
 
 class Slot(Enum):
@@ -148,6 +162,7 @@ class WSGIServer:
         self._selector = selectors.DefaultSelector()
         self._wake_on_park = not isinstance(self._selector, _KERNEL_REGISTRATION)
         self._parked: dict[int, Connection] = {}  # id -> connection waiting on the I/O thread
+        self._watches: dict[int, _Watch] = {}  # id -> a response's connection watched for a hang-up
         self._deadlines = Deadlines()
         self._next_wake = FOREVER  # the deadline the I/O thread sleeps until
         self._workers = WarmThreads(idle_seconds=WORKER_IDLE_SECONDS, max_idle=IDLE_WORKERS, name="http-worker")
@@ -164,7 +179,9 @@ class WSGIServer:
             http_date(time.time()),
             [("Retry-After", str(self.limits.retry_after_seconds))],
         )
-        self._exchanges = Exchanges(app, self.limits, self._base_environ, self._busy, self._closing)
+        self._exchanges = Exchanges(
+            app, self.limits, self._base_environ, self._busy, self._closing, (self.watch, self._unwatch)
+        )
         self._inline: InlineAnswer | None = None
         self.app = app
         served_by = getattr(app, "served_by", None)
@@ -201,7 +218,9 @@ class WSGIServer:
                 timeout = self._expire()
                 for key, _ in selector.select(timeout):
                     conn = key.data
-                    if conn is not None:
+                    if conn.__class__ is _Watch:
+                        self._watched(conn)
+                    elif conn is not None:
                         self._readable(conn)
                     elif key.fileobj is self._wake_r:
                         try:
@@ -224,8 +243,14 @@ class WSGIServer:
                 left = list(self._parked.values())
                 self._parked.clear()
                 self._deadlines.clear()
+                lapsed = list(self._watches.values())
+                self._watches.clear()
+                for watch in lapsed:
+                    watch.conn.watch = None
             for conn in left:
                 self._close(conn)
+            for watch in lapsed:  # nobody watches their sockets now: they ask again
+                self._tell(watch, False)
             selector.close()
             self._loop_done.set()
 
@@ -291,6 +316,58 @@ class WSGIServer:
             self._selector.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+
+    # ------------------------------------------------------------------ responses watched
+    def watch(self, conn: Connection, notify: Callable[[bool], None]) -> bool:
+        """Watch a connection serving a response for a hang-up (``CLIENT_WATCH_KEY``):
+        ``notify(gone)`` once, on the I/O thread, until the response ends (``_unwatch``);
+        False when the server cannot (its loop is not running, or it watches already)."""
+        with self._lock:
+            if not self._looping or conn.aborted or conn.watch is not None:
+                return False
+            watch = _Watch(conn, notify)
+            try:
+                self._selector.register(conn.sock, selectors.EVENT_READ, watch)
+            except (KeyError, ValueError, OSError):  # closed meanwhile
+                return False
+            conn.watch = self._watches[id(conn)] = watch
+        if self._wake_on_park:
+            self._wake()
+        return True
+
+    def _unwatch(self, conn: Connection) -> None:
+        """The response is over: its socket is not watched any more (before it is parked)."""
+        with self._lock:
+            if conn.watch is None:
+                return
+            conn.watch = None
+            self._watches.pop(id(conn), None)
+            try:
+                self._selector.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
+
+    def _watched(self, watch: _Watch) -> None:
+        """A watched socket is readable: the client hung up, or sent bytes behind its request
+        (then it is not watched any more: they would keep it readable). Said once, either way."""
+        conn = watch.conn
+        with self._lock:
+            if conn.watch is not watch:
+                return  # the response ended meanwhile
+            conn.watch = None
+            self._watches.pop(id(conn), None)
+            try:
+                self._selector.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
+        self._tell(watch, conn.hung_up())
+
+    @staticmethod
+    def _tell(watch: _Watch, gone: bool) -> None:
+        try:
+            watch.notify(gone)
+        except Exception:  # noqa: BLE001 - a bug there must not stop the I/O thread
+            log.exception("telling a response of %s that its client hung up failed", watch.conn.peer)
 
     def _renew(self, conn: Connection, deadline: float) -> None:
         """A new deadline for a connection that stays on the I/O thread."""

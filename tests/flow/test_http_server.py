@@ -25,7 +25,7 @@ import pytest
 
 from agui_adapter.cli import build_app
 from agui_adapter.config import Settings
-from agui_adapter.http.connection import INLINE_CARRY_KEY
+from agui_adapter.http.connection import CLIENT_WATCH_KEY, INLINE_CARRY_KEY
 from agui_adapter.http.server import ServerLimits, WSGIServer
 from agui_adapter.kernel_client.launch import KernelProcess
 
@@ -1102,4 +1102,100 @@ def test_deadlines_of_quick_answers_do_not_pile_up(serve: Serve) -> None:
         conn.request("GET", "/health")
         assert conn.response()[0] == 200
     assert len(server._deadlines) < 100  # one current deadline per waiting connection, plus a bounded rest
+    conn.close()
+
+
+# ---------------------------------------------------------------------- a response watched for a hang-up
+
+
+class WatchingApp(DemoApp):
+    """/watch: takes the server's offer to tell of a hang-up (``CLIENT_WATCH_KEY``), writes one
+    chunk, then writes nothing until told or released; what the server said is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: list[bool] = []
+        self.words: list[tuple[bool, str]] = []
+        self.wake = threading.Event()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ["PATH_INFO"] != "/watch":
+            return super().__call__(environ, start_response)
+        watch = environ.get(CLIENT_WATCH_KEY)
+        self.offered.append(bool(watch is not None and watch(self._word)))
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        return self._quiet_stream()
+
+    def _word(self, gone: bool) -> None:
+        self.words.append((gone, threading.current_thread().name))
+        self.wake.set()
+
+    def _quiet_stream(self) -> Iterator[bytes]:
+        yield b"data: start\n\n"
+        self.wake.wait(30)
+
+
+def _watched(port: int) -> Conn:
+    conn = Conn(port)
+    conn.request("GET", "/watch")
+    while b"data: start" not in conn.buf:
+        assert conn._fill()
+    return conn
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_watched_response_is_told_at_once_when_its_client_hangs_up(serve: Serve, how: str) -> None:
+    app = WatchingApp()
+    server = serve(app)
+    conn = _watched(server.server_port)
+    assert app.offered == [True]
+    if how == "reset":
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    left = time.monotonic()
+    conn.close()
+    assert app.wake.wait(10), "the server never said the client hung up"
+    told = time.monotonic() - left
+    gone, thread = app.words[0]
+    assert gone is True and len(app.words) == 1
+    assert "serve_forever" in thread  # the I/O thread said it, not a worker asking
+    assert wait_for(lambda: server.open_connections() == 0, 10)
+    assert not server._watches
+    print(f"\n[{how}] told {told * 1000:.1f} ms after the hang-up")
+
+
+def test_bytes_pipelined_behind_a_watched_response_end_the_watch_without_a_hang_up(serve: Serve) -> None:
+    app = WatchingApp()
+    server = serve(app)
+    conn = _watched(server.server_port)
+    conn.request("GET", "/health")  # the next request, in the socket while the stream lasts
+    assert app.wake.wait(10)
+    assert [gone for gone, _ in app.words] == [False]  # not a hang-up: the app asks on its own now
+    assert conn.response()[0] == 200  # the stream ended when woken...
+    status, _, body = conn.response()  # ...and the pipelined request is served after it
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    conn.close()
+
+
+def test_a_watch_ends_with_its_response_and_the_connection_is_kept(serve: Serve) -> None:
+    app = WatchingApp()
+    server = serve(app)
+    conn = _watched(server.server_port)
+    app.wake.set()  # the response ends by itself
+    assert conn.response()[0] == 200
+    assert wait_for(lambda: not server._watches, 10)
+    conn.request("GET", "/health")  # the connection went back to waiting, and serves again
+    status, _, body = conn.response()
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    conn.close()
+    assert wait_for(lambda: server.open_connections() == 0, 10)
+    assert app.words == []  # a hang-up after the response is nobody's news
+
+
+def test_watched_responses_are_told_the_watch_lapsed_when_the_server_loop_ends(serve: Serve) -> None:
+    app = WatchingApp()
+    server = serve(app)
+    conn = _watched(server.server_port)
+    server.stop_accepting()  # the loop ends once no connection waits on it; the stream goes on
+    assert app.wake.wait(10)
+    assert [gone for gone, _ in app.words] == [False]
     conn.close()
