@@ -104,6 +104,7 @@ class RunDriver:
         admission: Admission,
         machine: RunMachine,
         client_gone: Callable[[], bool] | None = None,
+        client_watch: Callable[[Callable[[bool], None]], bool] | None = None,
     ) -> None:
         self.services = services
         self.kernel = services.kernel
@@ -134,7 +135,7 @@ class RunDriver:
         # reattach (``state.journal``): what was sent, who reads it, and the run without a reader
         self._journal = RunJournal(self.run_id)  # ``run_journal``
         # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)
-        self._client = ClientWatch(client_gone, self.run_id)  # ``client_watch``
+        self._client = ClientWatch(client_gone, self.run_id, client_watch, self._wake)  # ``client_watch``
         tick = WATCHED_TICK_SECONDS if client_gone is not None else ATTACHED_TICK_SECONDS
         self._tick = min(tick, services.settings.heartbeat_seconds)
 
@@ -271,7 +272,7 @@ class RunDriver:
         heartbeat = self.services.settings.heartbeat_seconds
         last_write = time.monotonic()
         while not self.machine.ended:
-            items = self._wait_for_kernel()
+            items = self._wait_for_kernel(last_write + heartbeat)
             state = self._life.state
             if state in STOPPING:
                 yield from self._stop(state)
@@ -293,13 +294,26 @@ class RunDriver:
             else:
                 yield _IDLE  # woken for nothing to write: ``__next__`` looks at the client
 
-    def _wait_for_kernel(self) -> list[Any]:
-        """What the kernel pump queued, after a tick at most."""
+    def _wait_for_kernel(self, heartbeat_due: float) -> list[Any]:
+        """What the kernel pump queued, after a tick at most; when the server tells of a
+        hang-up itself, until the next heartbeat is due at most (a hang-up wakes the run)."""
         assert self._pump is not None
+        client = self._client
+        timeout = self._tick
+        if client.pushed:
+            if client.told:  # told before the pump was there to wake
+                return []
+            timeout = max(0.0, heartbeat_due - time.monotonic())
         try:
-            return self._pump.get(timeout=self._tick)
+            return self._pump.get(timeout=timeout)
         except Empty:
             return []
+
+    def _wake(self) -> None:
+        """Wake the run out of its wait for the kernel (any thread)."""
+        pump = self._pump
+        if pump is not None:
+            pump.wake()
 
     def _stop(self, state: Attach) -> Iterator[bytes]:
         """The run was told to stop: left to the kernel (a hand-over, once the run has a task
@@ -479,12 +493,11 @@ class RunDriver:
 
     def hung_up_now(self) -> bool:
         """From another thread: whether this run's client hung up (the server's word, when it
-        offers one); if so the run is woken to end as on a disconnect."""
-        if self.machine.ended or not self._client.gone_now():
+        offers one); if so the run is woken to end as on a disconnect (or it is ending)."""
+        if not self._client.gone_now():
             return False
-        pump = self._pump
-        if pump is not None:
-            pump.wake()
+        if not self.machine.ended:
+            self._wake()
         return True
 
     def release_now(self) -> None:

@@ -105,9 +105,15 @@ class RunEngine:
         self._reattachment.attach_reader(thread_id, run_id, reader)
 
     # ------------------------------------------------------------------ streaming
-    def stream(self, admission: Admission, client_gone: Callable[[], bool] | None = None) -> RunDriver:
-        """The SSE body of an admitted run (a WSGI iterable with ``close()``); ``client_gone``,
-        when the server offers it, tells the run its client hung up while it waits."""
+    def stream(
+        self,
+        admission: Admission,
+        client_gone: Callable[[], bool] | None = None,
+        client_watch: Callable[[Callable[[bool], None]], bool] | None = None,
+    ) -> RunDriver:
+        """The SSE body of an admitted run (a WSGI iterable with ``close()``); ``client_gone``
+        and ``client_watch``, when the server offers them, tell the run its client hung up
+        while it waits (``run.client_watch``)."""
         machine = RunMachine(
             admission.run_input,
             mode=admission.mode,
@@ -117,7 +123,7 @@ class RunEngine:
             interrupt_ttl_seconds=self.settings.interrupt_ttl_seconds,
             stale_task_id=admission.stale_task_id,
         )
-        driver = RunDriver(self.services, admission, machine, client_gone)
+        driver = RunDriver(self.services, admission, machine, client_gone, client_watch)
         self.live.opened(driver)
         return driver
 

@@ -50,7 +50,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
 from agui_adapter import PROTOCOL_VERSION, __version__
-from agui_adapter.http.connection import CLIENT_GONE_KEY, INLINE_CARRY_KEY
+from agui_adapter.http.connection import CLIENT_GONE_KEY, CLIENT_WATCH_KEY, INLINE_CARRY_KEY
 from agui_adapter.http.rules import error_body
 from agui_adapter.kernel_client.a2a import KernelClient
 from agui_adapter.ops import logs
@@ -551,7 +551,7 @@ class AguiApp:
             "run %s admitted on thread %s (%s)", run_input.run_id, run_input.thread_id, admission.mode.value, extra=ids
         )
         try:
-            body = self.engine.stream(admission, environ.get(CLIENT_GONE_KEY))
+            body = self.engine.stream(admission, environ.get(CLIENT_GONE_KEY), environ.get(CLIENT_WATCH_KEY))
         except BaseException:
             slot.leave()
             raise

@@ -23,8 +23,9 @@ import requests
 from werkzeug.test import EnvironBuilder
 
 from agui_adapter.http.connection import CLIENT_GONE_KEY, Connection
+from agui_adapter.run import driver as run_driver
 from agui_adapter.run.driver import WATCHED_TICK_SECONDS
-from agui_adapter.run.pump import PumpState
+from agui_adapter.run.pump import KernelPump, PumpState
 from agui_adapter.scripted_kernel import ScriptedKernel
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import parse_sse
@@ -117,6 +118,33 @@ def test_with_the_kernel_silent_the_thread_is_free_within_a_second_of_the_abort(
     print(f"\nkernel task cancelled {cancelled:.3f}s after the abort (heartbeat 15 s)")
     scrape = client.session.get(adapter.url + "metrics", timeout=5).text
     assert "agui_sse_clients_disconnected_total 1" in scrape
+
+
+def test_a_waiting_stream_is_woken_by_the_hang_up_not_by_ticks(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The built-in server watches the stream's socket and says when the client hangs up, so a
+    # stream waiting for a silent kernel waits until its next heartbeat is due, not a tick:
+    # with ticks of a minute, a hang-up is still noticed at once.
+    monkeypatch.setattr(run_driver, "WATCHED_TICK_SECONDS", 60.0)
+    waits: list[float] = []
+    get = KernelPump.get
+
+    def counted(pump: KernelPump, timeout: float) -> list[Any]:
+        waits.append(timeout)
+        return get(pump, timeout)
+
+    monkeypatch.setattr(KernelPump, "get", counted)
+    adapter = make_watched()  # heartbeat 15 s
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    stream = run_request(adapter, body)
+    task_id = stream.session()["taskId"]
+    wait_for(lambda: any(timeout > 10 for timeout in waits), 10)  # waiting for the kernel, up to the heartbeat
+    left = stream.leave()
+    wait_for(lambda: task_id in cancelled_tasks(full_scale_kernel), 10)
+    cancelled = time.monotonic() - left
+    assert cancelled < 5.0, f"the kernel task was cancelled {cancelled:.3f}s after the abort"
+    print(f"\nkernel task cancelled {cancelled:.3f}s after the abort, waits {[round(w, 2) for w in waits]}")
 
 
 def test_with_a_grace_period_it_starts_when_the_client_hangs_up(
