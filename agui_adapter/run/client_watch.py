@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 log = logging.getLogger("agui_adapter.run")
@@ -37,7 +38,9 @@ class ClientWatch:
         self._client_gone = client_gone  # asked by the stream, until it noticed
         self._watch = client_gone  # kept for ``gone_now`` once the stream stopped asking
         self._next_check = 0.0
-        self._wake = wake
+        # weakly: the run holds this watch, and a cycle would keep every ended run (its journal,
+        # its frames) alive until the cyclic collector's rare full pass (``ops.collector``)
+        self._wake = None if wake is None else weakref.WeakMethod(wake)  # type: ignore[arg-type]
         #: Whether the server told of the hang-up (the stream then ends at its next look).
         self.told = False
         #: Whether the stream noticed that its client hung up (kept once the response is over).
@@ -53,8 +56,9 @@ class ClientWatch:
             self.told = True
         else:
             self.pushed = False  # the stream asks on its ticks again
-        if self._wake is not None:
-            self._wake()
+        wake = None if self._wake is None else self._wake()
+        if wake is not None:
+            wake()
 
     def hung_up(self, tick: float) -> bool:
         """Whether the server says the client hung up (asked once a ``tick`` at most, unless

@@ -87,8 +87,10 @@ from agui_adapter.run.services import RunServices
 
 log = logging.getLogger("agui_adapter.run")
 
-#: How often an idle run wakes up: watched by its server, to ask whether its client hung up;
-#: detached, to see whether its grace period is over (heartbeats go every heartbeat_seconds).
+#: How often an idle run wakes up: where its server answers only when asked (the built-in
+#: server's watch lapsed, ``client_watch``), to ask whether its client hung up; detached, to
+#: see whether its grace period is over. A run its server watches wakes for its kernel, its
+#: heartbeat (every heartbeat_seconds) or the hang-up, never on a tick.
 ATTACHED_TICK_SECONDS = 0.5
 WATCHED_TICK_SECONDS = 0.2
 _IDLE = b""  # what the stream yields on an idle wake-up: nothing to write
@@ -134,7 +136,8 @@ class RunDriver:
         self._summarized = False  # the run's summary line is logged once
         # reattach (``state.journal``): what was sent, who reads it, and the run without a reader
         self._journal = RunJournal(self.run_id)  # ``run_journal``
-        # the server's "did the client hang up?" (the built-in server's ``agui.client_gone``)
+        # the server's "did the client hang up?" (the built-in server's ``agui.client_watch``
+        # and ``agui.client_gone``)
         self._client = ClientWatch(client_gone, self.run_id, client_watch, self._wake)  # ``client_watch``
         tick = WATCHED_TICK_SECONDS if client_gone is not None else ATTACHED_TICK_SECONDS
         self._tick = min(tick, services.settings.heartbeat_seconds)

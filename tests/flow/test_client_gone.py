@@ -10,11 +10,13 @@ sockets, so that "the client left" is exactly a close (FIN) or a reset (RST) at 
 
 from __future__ import annotations
 
+import gc
 import json
 import select
 import socket
 import struct
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +291,30 @@ def test_a_hang_up_while_the_run_writes_its_end_still_journals_the_terminal_even
     thread = requests.get(adapter.url + f"threads/{body['threadId']}", timeout=10).json()
     assert thread["activeRun"] is None
     assert [(run["runId"], run["outcome"]) for run in thread["runs"]] == [(body["runId"], "success")]
+
+
+def test_a_watched_run_is_freed_without_the_cyclic_collector(
+    make_adapter: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's watch holds the run's wake-up while the response lasts; once the run is
+    # over, nothing may keep its driver (its journal, its frames) alive: the collector's full
+    # passes are rare here (``ops.collector``), and a cycle would hold every ended run till then.
+    drivers: list[weakref.ref[run_driver.RunDriver]] = []
+    init = run_driver.RunDriver.__init__
+
+    def recorded(driver: run_driver.RunDriver, *args: Any, **kwargs: Any) -> None:
+        init(driver, *args, **kwargs)
+        drivers.append(weakref.ref(driver))
+
+    monkeypatch.setattr(run_driver.RunDriver, "__init__", recorded)
+    adapter = make_adapter()
+    client = adapter.client()
+    gc.disable()
+    try:
+        for _ in range(3):
+            result = client.run(run_body("hello", cwd=str(workspace)))
+            assert result.status == 200 and result.terminal["type"] == "RUN_FINISHED"
+        assert len(drivers) == 3
+        wait_for(lambda: all(ref() is None for ref in drivers), 10)
+    finally:
+        gc.enable()
