@@ -8,6 +8,7 @@ the end of the session, for every suite, the real-kernel one included.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,17 @@ def leaked_secrets() -> list[str]:
     """Where a remembered secret was written down (a file of a state dir, an adapter log), masked."""
     leaks = []
     for directory in STATE_DIRS:
-        for path in directory.rglob("*") if directory.exists() else []:
-            if path.is_file():
-                data = path.read_bytes()
+        # the journal sweepers of in-process adapters (daemon threads) outlive their tests and
+        # may delete an expired run's journal while this walks: what is gone is not written down
+        for parent, _, names in os.walk(directory):
+            for name in names:
+                path = Path(parent, name)
+                if not path.is_file():
+                    continue  # gone meanwhile, or not a regular file
+                try:
+                    data = path.read_bytes()
+                except FileNotFoundError:
+                    continue
                 leaks += [f"{path}: {s[:4]}…" for s in SENT_SECRETS if s.encode() in data]
     for process in ADAPTER_LOGS:
         leaks += [f"adapter log: {s[:4]}…" for s in SENT_SECRETS if s.encode() in process.log]
