@@ -264,9 +264,10 @@ class Admitter:
 
         settling = adopting()
         if not settling and self.settings.disconnect_grace_seconds > 0:
-            return None
+            return self.store.try_lock_run(thread_id)  # the holder may have given it back since
         if not settling and not any([d.hung_up_now() for d in holders]):
-            return None
+            # a holder that gave the thread back since the first try is not listed any more
+            return self.store.try_lock_run(thread_id)
         deadline = time.monotonic() + LEAVING_RUN_WAIT_SECONDS
         while time.monotonic() < deadline:
             time.sleep(0.01)

@@ -318,3 +318,28 @@ def test_a_watched_run_is_freed_without_the_cyclic_collector(
         wait_for(lambda: all(ref() is None for ref in drivers), 10)
     finally:
         gc.enable()
+
+
+def test_a_holder_that_gives_the_thread_back_while_it_is_looked_for_is_not_thread_busy(
+    adapter: InProcessAdapter, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race a Stop then a new message can meet: the new run's first try for the thread's
+    # lock fails, and the run holding it gives it back before the new run looks for holders
+    # whose client left; it finds none. The thread is free then, and the new run takes it.
+    client = adapter.client()
+    first = client.run(run_body("hello", cwd=str(workspace)))
+    assert first.status == 200
+    thread_id = first.events[0]["threadId"]
+    engine = adapter.app.engine
+    held = engine.store.try_lock_run(thread_id)  # a run holds the thread...
+    assert held is not None
+    holders = engine.live.holders
+
+    def released_meanwhile(tid: str) -> list[Any]:
+        held.release()  # ...and gives it back just before the holders are listed
+        return holders(tid)
+
+    monkeypatch.setattr(engine.live, "holders", released_meanwhile)
+    after = client.run(run_body("next", thread_id=thread_id, cwd=str(workspace)))
+    assert after.status == 200, after.error
+    assert after.terminal["type"] == "RUN_FINISHED"
