@@ -337,30 +337,26 @@ class WSGIServer:
 
     def _unwatch(self, conn: Connection) -> None:
         """The response is over: its socket is not watched any more (before it is parked)."""
-        with self._lock:
-            if conn.watch is None:
-                return
-            conn.watch = None
-            self._watches.pop(id(conn), None)
-            try:
-                self._selector.unregister(conn.sock)
-            except (KeyError, ValueError, OSError):
-                pass
+        self._end_watch(conn, conn.watch)
 
     def _watched(self, watch: _Watch) -> None:
         """A watched socket is readable: the client hung up, or sent bytes behind its request
         (then it is not watched any more: they would keep it readable). Said once, either way."""
-        conn = watch.conn
+        if self._end_watch(watch.conn, watch):  # else the response ended meanwhile
+            self._tell(watch, watch.conn.hung_up())
+
+    def _end_watch(self, conn: Connection, watch: _Watch | None) -> bool:
+        """Stop watching ``conn``'s socket if ``watch`` is still its watch; whether it was."""
         with self._lock:
-            if conn.watch is not watch:
-                return  # the response ended meanwhile
+            if watch is None or conn.watch is not watch:
+                return False
             conn.watch = None
             self._watches.pop(id(conn), None)
             try:
                 self._selector.unregister(conn.sock)
             except (KeyError, ValueError, OSError):
                 pass
-        self._tell(watch, conn.hung_up())
+        return True
 
     @staticmethod
     def _tell(watch: _Watch, gone: bool) -> None:
