@@ -61,10 +61,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agui_adapter.ops import process_local
 from agui_adapter.protocol.events import HEARTBEAT
+from agui_adapter.state import journal_bell
 from agui_adapter.state.store import thread_key
 
 log = logging.getLogger("agui_adapter.state.journal")
@@ -80,9 +81,10 @@ _NEW, _NEW_LIFETIME = ".new-", 3600.0
 _SPARES = "Spares"
 #: How often a follower checks that the run's process is alive (and its client still there).
 READER_REFRESH_SECONDS = 1.0
-#: How often a follower asks its server whether its client hung up (``client_gone``).
+#: How often a follower asks its server whether its client hung up, when the server does not tell.
 CLIENT_CHECK_SECONDS = 0.2
-#: How often a reader looks for new events (readers poll: the writer may be another process).
+#: How often a reader looks for new events when the run's writer is another process (the
+#: writer in this process rings the journal's bell instead, ``journal_bell``).
 POLL_SECONDS = 0.05
 _READ_SIZE = 256 * 1024
 
@@ -522,6 +524,7 @@ class JournalWriter:
         self._fd: int | None = None
         self._open_segment(1)
         self._ended = False
+        self._bell: journal_bell.Bell | None = None  # rung for followers here, once in place
 
     @classmethod
     def claim(cls, directory: Path, buffer_bytes: int, attempts: int = 20) -> JournalWriter | None:
@@ -553,6 +556,7 @@ class JournalWriter:
                 writer._sizes.append((start, (directory / _segment_name(start)).stat().st_size))
         writer._fd = None
         writer._ended = False
+        writer._bell = journal_bell.hang(os.fspath(directory))
         if writer._sizes:
             path = directory / _segment_name(writer._sizes[-1][0])
             writer._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -585,6 +589,7 @@ class JournalWriter:
         if self._own is not None:
             fd, path = self._own
             self._own = (fd, directory / _READERS / path.name)
+        self._bell = journal_bell.hang(os.fspath(directory))
 
     def _open_segment(self, first_id: int) -> None:
         if self._fd is not None:
@@ -607,7 +612,12 @@ class JournalWriter:
         if size + len(chunk) < self._segment_limit:
             self._write(chunk)
             self._sizes[-1] = (first_id, size + len(chunk))
-            return
+        else:
+            self._append_split(chunk, next_id)
+        if self._bell is not None:
+            self._bell.ring()
+
+    def _append_split(self, chunk: bytes, next_id: int) -> None:
         view = memoryview(chunk)
         frame_id = first_id_of(chunk, next_id)
         start = 0
@@ -659,6 +669,9 @@ class JournalWriter:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+        bell, self._bell = self._bell, None
+        if bell is not None:  # before the lock goes: the next holder's bell is its own
+            journal_bell.take_down(os.fspath(self.directory), bell)
         dir_fd, self._dir_fd = self._dir_fd, None
         if dir_fd is not None:
             os.close(dir_fd)  # releases the directory lock
@@ -788,28 +801,53 @@ class JournalReader:
         return scan_run(self.directory, up_to=self.last_id)[2]
 
 
+class HangUp(Protocol):
+    """The server's word on whether a follower's client hung up (``run.client_watch.ClientWatch``)."""
+
+    pushed: bool  # the server tells (then it wakes the follower), else it is asked on ticks
+
+    def hung_up(self, tick: float) -> bool: ...
+
+
 def follow(
     reader: JournalReader,
     *,
     heartbeat_seconds: float,
     lost: Callable[[int], bytes] | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    client_gone: Callable[[], bool] | None = None,
+    poll_seconds: float | None = None,
+    client: HangUp | None = None,
+    wake: threading.Event | None = None,
     adopt: Callable[[], bool] | None = None,
 ) -> Iterator[bytes]:
     """The chunks a reattached client is sent: the journal after its id, then the run's
-    new events as they come (one chunk per poll that found some), a heartbeat while the
-    run is silent, until the run's end, its client hanging up (``client_gone``, asked every
-    ``CLIENT_CHECK_SECONDS`` when the server offers it), or the run's process dying without
-    an end: then ``adopt()``, when given, lets this process take the run over (or finds
-    another did) and the reader goes on following; else ``lost(next id)``, a final event, if
-    given. A reader so slow that the
-    events it needs fell out of the journal meanwhile just ends: its client's next reattach
-    is answered ``REPLAY_UNAVAILABLE``."""
+    new events as they come, a heartbeat while the run is silent, until the run's end, its
+    client hanging up (``client``: the server tells, setting ``wake``, or is asked every
+    ``CLIENT_CHECK_SECONDS``), or the run's process dying without an end: then ``adopt()``,
+    when given, lets this process take the run over (or finds another did) and the reader
+    goes on following; else ``lost(next id)``, a final event, if given. A reader so slow
+    that the events it needs fell out of the journal meanwhile just ends: its client's next
+    reattach is answered ``REPLAY_UNAVAILABLE``.
+
+    While the run's writer is in this process, the follower waits for its bell
+    (``journal_bell``) and reads as each chunk is appended; else it looks every
+    ``poll_seconds`` (``POLL_SECONDS``), and every ``READER_REFRESH_SECONDS`` whether the
+    writer is alive."""
+    poll = POLL_SECONDS if poll_seconds is None else poll_seconds
+    wake = threading.Event() if wake is None else wake
+    directory = os.fspath(reader.directory)
+    listening: journal_bell.Bell | None = None
     now = time.monotonic()
-    last_write = next_refresh = next_client_check = now
+    last_write = next_refresh = now
     try:
         while True:
+            bell = journal_bell.of(directory)
+            if bell is not listening:
+                if listening is not None:
+                    listening.leave(wake)
+                if bell is not None:
+                    bell.listen(wake)
+                listening = bell
+            wake.clear()  # before the read: a ring after it wakes the wait below
             data = reader.read()
             now = time.monotonic()
             if data:
@@ -817,11 +855,9 @@ def follow(
                 yield data
             if reader.ended:
                 return
-            if client_gone is not None and now >= next_client_check:
-                next_client_check = now + CLIENT_CHECK_SECONDS
-                if client_gone():
-                    return  # the client hung up: closing the response detaches the reader
-            if now >= next_refresh:
+            if client is not None and client.hung_up(CLIENT_CHECK_SECONDS):
+                return  # the client hung up: closing the response detaches the reader
+            if bell is None and now >= next_refresh:
                 next_refresh = now + READER_REFRESH_SECONDS
                 if not data and not reader.writer_alive():
                     data = reader.read()  # the last appends before the process went
@@ -838,6 +874,15 @@ def follow(
                 if now - last_write >= heartbeat_seconds:
                     last_write = now
                     yield HEARTBEAT
-                time.sleep(poll_seconds)
+                if bell is None:
+                    timeout = poll
+                else:  # woken by the writer, or at the next heartbeat
+                    timeout = max(0.001, last_write + heartbeat_seconds - now)
+                if client is not None and not client.pushed:
+                    timeout = min(timeout, CLIENT_CHECK_SECONDS)
+                wake.wait(timeout)
     except ReplayUnavailable:
         log.info("a reattached reader fell behind the journal of %s", reader.directory.name)
+    finally:
+        if listening is not None:
+            listening.leave(wake)

@@ -40,6 +40,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
@@ -69,6 +70,7 @@ from agui_adapter.protocol.validation import (
     request_digest,
     validate_run_input,
 )
+from agui_adapter.run.client_watch import ClientWatch
 from agui_adapter.run.engine import Admission, RunEngine
 from agui_adapter.run.process_gone import process_gone_ending
 from agui_adapter.state.journal import JournalReader, ReplayUnavailable, follow
@@ -248,9 +250,10 @@ def last_event_id(environ: dict[str, Any]) -> int | None:
 class Replay:
     """The body of a reattached stream; closing it lets go of the run (``detach``)."""
 
-    def __init__(self, reader: JournalReader, chunks: Iterator[bytes]) -> None:
+    def __init__(self, reader: JournalReader, chunks: Iterator[bytes], client: ClientWatch | None = None) -> None:
         self._reader = reader
         self._chunks = chunks
+        self._client = client
 
     def __iter__(self) -> Iterator[bytes]:
         return self._chunks
@@ -259,6 +262,8 @@ class Replay:
         try:
             self._chunks.close()  # type: ignore[attr-defined]
         finally:
+            if self._client is not None:
+                self._client.stop()  # the connection may serve other requests now
             self._reader.detach()
             self._reader.close()
 
@@ -530,9 +535,8 @@ class AguiApp:
                 digest = request_digest(run_input.raw)
                 reader = self.engine.reattach(run_input.thread_id, run_input.run_id, after, digest)
                 if reader is not None:
-                    gone = environ.get(CLIENT_GONE_KEY)
                     thread_id, run_id = run_input.thread_id, run_input.run_id
-                    return self._replay(start_response, reader, language, gone, thread_id, run_id)
+                    return self._replay(environ, start_response, reader, language, thread_id, run_id)
             slot = STARTS.enter()  # starts two at a time (``ops.start_gate``)
             try:
                 admission = self._admit(run_input, language)
@@ -604,7 +608,7 @@ class AguiApp:
                 start_response("200 OK", list(SSE_HEADERS))
             return []
         self.engine.attach_reader(thread_id, run_id, reader)
-        return self._replay(start_response, reader, language, environ.get(CLIENT_GONE_KEY), thread_id, run_id)
+        return self._replay(environ, start_response, reader, language, thread_id, run_id)
 
     def thread(
         self, environ: dict[str, Any], start_response: StartResponse, endpoint: str, thread_id: str
@@ -621,12 +625,12 @@ class AguiApp:
 
     def _replay(
         self,
+        environ: dict[str, Any],
         start_response: StartResponse,
         reader: JournalReader | None,
         language: str,
-        client_gone: Callable[[], bool] | None = None,
-        thread_id: str = "",
-        run_id: str = "",
+        thread_id: str,
+        run_id: str,
     ) -> Iterable[bytes]:
         assert reader is not None
 
@@ -641,8 +645,13 @@ class AguiApp:
         def adopt() -> bool:  # the run's process died while this reader followed it (``adoption``)
             return bool(thread_id) and self.engine.adoption.run(thread_id, run_id)
 
-        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client_gone=client_gone, adopt=adopt)
-        body = Replay(reader, chunks)
+        # the server's word on a client that hangs up wakes the follower (``run.client_watch``)
+        wake, client = threading.Event(), None
+        client_gone = environ.get(CLIENT_GONE_KEY)
+        if client_gone is not None:
+            client = ClientWatch(client_gone, run_id, environ.get(CLIENT_WATCH_KEY), wake.set)
+        chunks = follow(reader, heartbeat_seconds=heartbeat, lost=lost, client=client, wake=wake, adopt=adopt)
+        body = Replay(reader, chunks, client)
         try:
             start_response("200 OK", list(SSE_HEADERS))
         except BaseException:

@@ -29,6 +29,7 @@ from agui_adapter.run import driver as run_driver
 from agui_adapter.run.driver import WATCHED_TICK_SECONDS
 from agui_adapter.run.pump import KernelPump, PumpState
 from agui_adapter.scripted_kernel import ScriptedKernel
+from agui_adapter.state import journal
 from tests.support.agui_client import Client, LiveStream, joined, run_body
 from tests.support.agui_stream import parse_sse
 from tests.support.flow import cancelled_tasks, detached_runs, wait_for
@@ -184,6 +185,50 @@ def test_bytes_pipelined_behind_the_request_are_not_a_hang_up(make_watched: Any,
     assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
     assert b": heartbeat" in sse  # it waited, several ticks, with the bytes there
     stream.leave()
+
+
+def test_a_reader_is_woken_by_the_runs_appends_not_by_polls(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader of a run this process writes waits for the journal's bell, rung at each append,
+    # not for polls: with polls of a minute, it gets the deltas as they come (one a second here).
+    monkeypatch.setattr(journal, "POLL_SECONDS", 60.0)
+    adapter = make_watched()  # heartbeat 15 s
+    body = run_body("[SLOW] count", cwd=str(workspace))
+    own = LiveStream(adapter.client(), body)
+    seen = own.read_events(3)
+    path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
+    reader = RawStream(adapter.url, "GET", path, headers={"Last-Event-ID": str(seen[-1][0])})
+    deadline = time.monotonic() + 30  # polled once a minute, it would have one read of them at most
+    while reader.raw.count(b"TEXT_MESSAGE_CONTENT") < 3:
+        assert time.monotonic() < deadline, f"the reader got {reader.raw[-300:]!r}"
+        data = reader.sock.recv(65536)
+        assert data, "the server closed the connection"
+        reader.raw += data
+    reader.leave()
+    own.close()
+
+
+def test_a_reader_of_a_silent_run_is_told_of_its_hang_up_not_asked_on_ticks(
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server watches a reader's socket as it watches a run's own: with the run silent
+    # (no event, no write to fail before the 15 s heartbeat) and ticks of a minute, the
+    # reader's hang-up is still seen at once.
+    monkeypatch.setattr(journal, "CLIENT_CHECK_SECONDS", 60.0)
+    adapter = make_watched()  # heartbeat 15 s
+    body = run_body("[SILENT 40] think", cwd=str(workspace))
+    own = LiveStream(adapter.client(), body)
+    seen = own.read_events(2)
+    path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
+    reader = RawStream(adapter.url, "GET", path, headers={"Last-Event-ID": str(seen[-1][0])})
+    reader.read_until(b"200 OK")
+    readers = adapter.app.engine.journals.readers
+    wait_for(lambda: readers(body["threadId"], body["runId"]) == 2, 5)
+    left = reader.leave()
+    wait_for(lambda: readers(body["threadId"], body["runId"]) == 1, 10)
+    print(f"\nthe reader's hang-up seen {time.monotonic() - left:.3f}s later")
+    own.close()
 
 
 def dechunk(data: bytes) -> bytes:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agui_adapter.protocol import events as ev
+from agui_adapter.run.client_watch import ClientWatch
+from agui_adapter.state import journal_bell
 from agui_adapter.state.journal import (
     END,
+    JournalReader,
     JournalStore,
     ReplayUnavailable,
     RunNotFound,
@@ -20,6 +25,7 @@ from agui_adapter.state.journal import (
     join_readers,
     writer_alive,
 )
+from tests.support.flow import wait_for
 
 
 def chunk(first_id: int, count: int, size: int = 10) -> bytes:
@@ -178,7 +184,8 @@ def test_follow_replays_and_ends_at_the_end_or_when_its_client_hangs_up(store: J
     reader = store.open_reader("t", "r2", 0)
     reader.attach()
     gone: list[bool] = []
-    chunks = follow(reader, heartbeat_seconds=0.02, poll_seconds=0.01, client_gone=lambda: bool(gone))
+    client = ClientWatch(lambda: bool(gone), "r2")  # a server asked on ticks
+    chunks = follow(reader, heartbeat_seconds=0.02, poll_seconds=0.01, client=client)
     assert ids(next(chunks)) == [1, 2]
     assert next(chunks) == ev.HEARTBEAT  # the run is silent
     other = store.open_reader("t", "r2", 0)
@@ -190,6 +197,116 @@ def test_follow_replays_and_ends_at_the_end_or_when_its_client_hangs_up(store: J
     assert time.monotonic() - started < 1.0
     other.close()
     writer.end()
+
+
+class Follower:
+    """``follow`` drained on a thread of its own, its chunks kept as they come."""
+
+    def __init__(self, reader: JournalReader, **options: Any) -> None:
+        self.chunks: list[bytes] = []
+        self.wake = threading.Event()
+        self._follow = follow(reader, wake=self.wake, **options)
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        for data in self._follow:
+            self.chunks.append(data)
+
+    def ids(self) -> list[int]:
+        return ids(b"".join(self.chunks))
+
+
+def test_a_follower_is_woken_by_its_writer_in_this_process_not_by_polls(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 2), 3)
+    reader = store.open_reader("t", "r", 0)
+    reader.attach()
+    follower = Follower(reader, heartbeat_seconds=600, poll_seconds=600)  # never a poll in this test
+    wait_for(lambda: follower.ids() == [1, 2])
+    writer.append(chunk(3, 1), 4)  # the bell: read at once
+    wait_for(lambda: follower.ids() == [1, 2, 3])
+    writer.append(chunk(4, 2), 6)
+    wait_for(lambda: follower.ids() == [1, 2, 3, 4, 5])
+    writer.end()
+    follower.thread.join(10)
+    assert not follower.thread.is_alive()  # the end was rung too
+    assert journal_bell.of(os.fspath(reader.directory)) is None  # the writer took its bell down
+    reader.close()
+
+
+def test_a_follower_leaves_the_bell_when_it_stops(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 1), 2)
+    bell = journal_bell.of(os.fspath(store.run_dir("t", "r")))
+    assert bell is not None
+    reader = store.open_reader("t", "r", 0)
+    chunks = follow(reader, heartbeat_seconds=600, poll_seconds=600)
+    assert ids(next(chunks)) == [1]
+    assert bell._listeners  # listening while it follows
+    chunks.close()  # the client went: the response is closed
+    assert not bell._listeners
+    reader.close()
+    writer.end()
+
+
+def test_a_follower_polls_a_journal_whose_writer_is_elsewhere(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    directory = os.fspath(store.run_dir("t", "r"))
+    bell = journal_bell.of(directory)
+    assert bell is not None
+    journal_bell.take_down(directory, bell)  # as for a writer in another process: no bell here
+    writer._bell = None
+    writer.append(chunk(1, 1), 2)
+    reader = store.open_reader("t", "r", 0)
+    follower = Follower(reader, heartbeat_seconds=600, poll_seconds=0.01)
+    wait_for(lambda: follower.ids() == [1])
+    writer.append(chunk(2, 1), 3)
+    wait_for(lambda: follower.ids() == [1, 2])
+    writer.end()
+    follower.thread.join(10)
+    assert not follower.thread.is_alive()
+    reader.close()
+
+
+def test_the_servers_word_on_a_hang_up_wakes_a_follower(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+    writer.append(chunk(1, 1), 2)
+    reader = store.open_reader("t", "r", 0)
+    told: list[Any] = []
+
+    def watch(word: Any) -> bool:
+        told.append(word)
+        return True  # the server watches the socket, and will tell
+
+    gone: list[bool] = []
+    wake = threading.Event()
+    client = ClientWatch(lambda: bool(gone), "r", watch, wake.set)
+    chunks: list[bytes] = []
+    drained = threading.Thread(
+        target=lambda: chunks.extend(follow(reader, heartbeat_seconds=600, poll_seconds=600, client=client, wake=wake)),
+        daemon=True,
+    )
+    drained.start()
+    wait_for(lambda: ids(b"".join(chunks)) == [1])
+    gone.append(True)
+    told[0](True)  # the I/O thread's word: the client hung up
+    drained.join(10)
+    assert not drained.is_alive()
+    reader.close()
+    writer.end()
+
+
+def test_a_bell_taken_down_late_leaves_the_next_writers_bell(tmp_path: Path) -> None:
+    old = journal_bell.hang(str(tmp_path))
+    new = journal_bell.hang(str(tmp_path))  # a process that adopted the run, say
+    woken = threading.Event()
+    old.listen(woken)
+    journal_bell.take_down(str(tmp_path), old)
+    assert woken.is_set()  # its followers look again
+    assert journal_bell.of(str(tmp_path)) is new
+    journal_bell.take_down(str(tmp_path), new)
+    assert journal_bell.of(str(tmp_path)) is None
 
 
 def test_follow_ends_with_the_lost_event_when_the_writer_died(store: JournalStore) -> None:
@@ -236,8 +353,6 @@ def spare_dirs(store: JournalStore) -> list[Path]:
 
 
 def test_a_journal_made_ahead_of_need_is_taken_by_the_next_run_whole(store: JournalStore) -> None:
-    from tests.support.flow import wait_for
-
     first = store.open_writer("t", "r1", {"runId": "r1"})  # made here; a spare is made meanwhile
     wait_for(lambda: len(spare_dirs(store)) == 1 and store._spare is not None, 10)
     (spare,) = spare_dirs(store)
@@ -264,7 +379,6 @@ def test_a_journal_made_ahead_of_need_is_taken_by_the_next_run_whole(store: Jour
 
 def test_a_run_asks_for_the_next_spare_once_its_first_events_past_run_started_are_sent(store: JournalStore) -> None:
     from agui_adapter.run.run_journal import RunJournal
-    from tests.support.flow import wait_for
 
     store.open_writer("t", "r0").end()  # made on the spot: a spare is asked for at once
     wait_for(lambda: store._spare is not None, 10)
@@ -302,8 +416,6 @@ def test_a_spare_asked_for_while_one_is_being_made_is_that_one(
     with the first left behind (a held, never-taken directory)."""
     import threading
 
-    from tests.support.flow import wait_for
-
     release = threading.Event()
     make_fresh = store._make_fresh
 
@@ -328,8 +440,6 @@ def test_no_thread_id_names_the_spares_directory() -> None:
 
 
 def test_without_room_for_a_spare_runs_make_their_own_and_the_maker_tries_again(store: JournalStore) -> None:
-    from tests.support.flow import wait_for
-
     store.root.mkdir(parents=True)
     (store.root / "Spares").write_bytes(b"")  # not a directory: no spare can be made
     first = store.open_writer("t", "r1")
@@ -362,8 +472,6 @@ def test_a_taken_spare_s_run_json_is_written_without_truncating_it(store: Journa
     """A spare's run.json is empty: opening it with O_TRUNC would have ext4 write its data out
     when it is closed (``auto_da_alloc``) on the way to RUN_STARTED. A retry, whose first
     attempt may have written it, truncates."""
-    from tests.support.flow import wait_for
-
     store.open_writer("t", "r1", {"runId": "r1"}).end()
     wait_for(lambda: store._spare is not None, 10)
     opened: list[tuple[str, int]] = []
