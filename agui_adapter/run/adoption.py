@@ -219,6 +219,7 @@ class AdoptedDriver(RunDriver):
 
     def _open_journal(self) -> None:
         self._journal.writer, self._claimed = self._claimed, None
+        self._journal.hear_readers(self._wake)  # a reader here leaving: looked at at once
 
     def grace_seconds(self) -> float:
         grace = self.services.settings.disconnect_grace_seconds

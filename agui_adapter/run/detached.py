@@ -1,13 +1,14 @@
 """A run without its own client: read on into its journal, until it ends or nobody came back.
 
-When a run's client leaves while a disconnect grace period is set or other readers follow
-it (``driver``), and when a process adopts a run whose process died (``adoption``), the run
-goes on on a thread of its own. This module is that thread's loop: every chunk the run
-writes goes to its journal, and every ``DETACHED_TICK_SECONDS`` it asks whether anybody
-follows the journal. Once nobody has for the grace period (counted from the last reader
-leaving, on the injectable monotonic clock ``RunServices.monotonic`` so that tests move it)
-the run is abandoned: the driver ends it with the machine's ``abandoned``. However the loop
-ends, the driver winds the run up (``DetachedRun.wind_up_detached``).
+When a run's client leaves while a disconnect grace period is set or other readers follow it
+(``driver``), and when a process adopts a run whose process died (``adoption``), the run goes
+on on a thread of its own. This module is that thread's loop: every chunk the run writes goes
+to its journal, and every ``DETACHED_TICK_SECONDS`` it asks whether anybody follows the journal
+(at once when a reader in this process leaves: it wakes the run). Once nobody has for the grace
+period (counted from the last reader leaving, on the injectable monotonic clock
+``RunServices.monotonic`` so that tests move it) the run is abandoned: the driver ends it with
+the machine's ``abandoned``. However the loop ends, the driver winds the run up
+(``DetachedRun.wind_up_detached``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class DetachedRun(Protocol):
 
     def followed(self) -> bool:
         """Whether any reader follows the run's journal now."""
+        ...
+
+    def readers_left(self) -> bool:
+        """Whether a reader in this process left since the last look (it woke the run)."""
         ...
 
     def abandon(self) -> None:
@@ -85,7 +90,7 @@ def go_on(run: DetachedRun, grace: float, clock: Callable[[], float]) -> None:
             if chunk and chunk is not ev.HEARTBEAT:
                 run.journal_chunk(chunk)
             now = time.monotonic()
-            if now < next_check or not run.going_on():
+            if not run.going_on() or (now < next_check and not run.readers_left()):
                 continue
             next_check = now + DETACHED_TICK_SECONDS
             if unattended.over(run.followed()):

@@ -384,6 +384,7 @@ class RunDriver:
         )
         self._metrics.run_detached()
         self._tick = min(DETACHED_TICK_SECONDS, self._tick)
+        self._journal.hear_readers(self._wake)  # a reader here leaving: looked at at once
         detached.start(self._go_on_detached, f"detached-{self.run_id[:16]}")
 
     def grace_seconds(self) -> float:
@@ -410,6 +411,9 @@ class RunDriver:
 
     def followed(self) -> bool:
         return self._journal.followed()
+
+    def readers_left(self) -> bool:
+        return self._journal.readers_left()
 
     def abandon(self) -> None:
         if self._life.move_if((Attach.DETACHED,), Attach.ABANDONED) and self._pump is not None:

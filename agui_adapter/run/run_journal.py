@@ -108,6 +108,15 @@ class RunJournal:
             log.warning("run %s: journal readers: %s", self.run_id, exc)
             return grace > 0
 
+    def hear_readers(self, wake: Any) -> None:
+        """Have ``wake`` called when a reader in this process leaves (``journal_bell``)."""
+        if self.writer is not None:
+            self.writer.hear_readers(wake)
+
+    def readers_left(self) -> bool:
+        """Whether a reader in this process left since the last look."""
+        return self.writer is not None and self.writer.readers_left()
+
     def followed(self) -> bool:
         """Whether readers follow the run now."""
         journal = self.writer

@@ -685,6 +685,19 @@ class JournalWriter:
         """How many readers are attached now, in any process (the run's own client included)."""
         return count_readers(self.directory)
 
+    def hear_readers(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (held weakly) when a reader in this process leaves."""
+        if self._bell is not None:
+            self._bell.hear_readers(wake)
+
+    def readers_left(self) -> bool:
+        """Whether a reader in this process left since the last call."""
+        bell = self._bell
+        if bell is None or not bell.readers_left:
+            return False
+        bell.readers_left = False
+        return True
+
 
 # ====================================================================== reading
 class JournalReader:
@@ -714,9 +727,15 @@ class JournalReader:
             self._presence = join_readers(self.directory)
 
     def detach(self) -> None:
-        """Leave the run's readers (the last one out starts the run's grace period)."""
+        """Leave the run's readers (the last one out starts the run's grace period); a writer
+        in this process is told at once (``journal_bell``)."""
         presence, self._presence = self._presence, None
+        if presence is None:
+            return
         leave_readers(presence)
+        bell = journal_bell.of(os.fspath(self.directory))
+        if bell is not None:
+            bell.reader_left()
 
     def nothing_left(self) -> bool:
         """Whether the reader already has all of the run: it ended and no event follows

@@ -10,6 +10,10 @@ journal's bell after each append and when it lets the journal go; a follower tha
 bell for its journal waits for it (or for its heartbeat, or its client's hang-up) instead of
 polling, and reads at once. A follower that finds none polls, as before.
 
+The other way, a reader here that leaves rings the writer (``reader_left``): a run whose own
+client left and that goes on for its readers (``run.detached``) looks at once whether any is
+left, instead of at its next tick.
+
 The bells are this process's only: a dictionary from the journal's directory to its bell,
 put there by the writer holding the journal (``hang``) and taken away when it lets go
 (``take_down``, which rings once more so that its followers look again: an end, or a writer
@@ -20,6 +24,8 @@ read: a ring between its read and its wait is not lost.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 
 _bells: dict[str, Bell] = {}
 
@@ -27,10 +33,13 @@ _bells: dict[str, Bell] = {}
 class Bell:
     """Rung by a journal's writer after each append; wakes the followers listening."""
 
-    __slots__ = ("_listeners",)
+    __slots__ = ("_listeners", "_writer", "readers_left")
 
     def __init__(self) -> None:
         self._listeners: set[threading.Event] = set()
+        self._writer: weakref.WeakMethod[Callable[[], None]] | None = None
+        #: A reader here left since the writer last looked (``JournalWriter.readers_left``).
+        self.readers_left = False
 
     def ring(self) -> None:
         if self._listeners:  # the usual case: nobody follows but the run's own client
@@ -42,6 +51,17 @@ class Bell:
 
     def leave(self, wake: threading.Event) -> None:
         self._listeners.discard(wake)
+
+    def hear_readers(self, wake: Callable[[], None]) -> None:
+        """Have the writer's run woken when a reader here leaves (held weakly: a bound method
+        of the run, which holds the writer that holds this bell)."""
+        self._writer = weakref.WeakMethod(wake)  # type: ignore[arg-type]
+
+    def reader_left(self) -> None:
+        self.readers_left = True
+        wake = None if self._writer is None else self._writer()
+        if wake is not None:
+            wake()
 
 
 def hang(directory: str) -> Bell:

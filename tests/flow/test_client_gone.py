@@ -25,6 +25,7 @@ import requests
 from werkzeug.test import EnvironBuilder
 
 from agui_adapter.http.connection import CLIENT_GONE_KEY, Connection
+from agui_adapter.run import detached
 from agui_adapter.run import driver as run_driver
 from agui_adapter.run.driver import WATCHED_TICK_SECONDS
 from agui_adapter.run.pump import KernelPump, PumpState
@@ -241,8 +242,11 @@ def dechunk(data: bytes) -> bytes:
 
 
 def test_a_reader_that_hangs_up_is_noticed_and_the_last_one_out_cancels(
-    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path
+    make_watched: Any, full_scale_kernel: ScriptedKernel, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The last reader leaving wakes the detached run (the journal's bell), which looks at
+    # once: with a detached run's looks a minute apart, its kernel task is still cancelled.
+    monkeypatch.setattr(detached, "DETACHED_TICK_SECONDS", 60.0)
     adapter = make_watched()  # no grace period: the run ends when its last reader leaves
     client = adapter.client()
     body = run_body("[SILENT 40] think", cwd=str(workspace))

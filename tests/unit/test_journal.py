@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,35 @@ def test_the_servers_word_on_a_hang_up_wakes_a_follower(store: JournalStore) -> 
     drained.join(10)
     assert not drained.is_alive()
     reader.close()
+    writer.end()
+
+
+def test_a_reader_here_that_leaves_tells_the_writer_at_once(store: JournalStore) -> None:
+    writer = store.open_writer("t", "r")
+
+    class Run:
+        woken = 0
+
+        def wake(self) -> None:
+            self.woken += 1
+
+    run = Run()
+    writer.hear_readers(run.wake)
+    reader = store.open_reader("t", "r", 0)
+    reader.attach()
+    assert not writer.readers_left()
+    reader.detach()
+    assert run.woken == 1 and writer.readers_left()
+    assert not writer.readers_left()  # told once per leaving
+    reader.detach()  # not attached any more: nobody left
+    assert run.woken == 1 and not writer.readers_left()
+    gone = weakref.ref(run)
+    del run  # the bell holds the run's wake-up weakly: no cycle keeps an ended run
+    assert gone() is None
+    other = store.open_reader("t", "r", 0)
+    other.attach()
+    other.detach()  # the run is gone: nobody to wake
+    assert writer.readers_left()
     writer.end()
 
 
