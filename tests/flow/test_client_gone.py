@@ -55,9 +55,16 @@ class RawStream:
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
         self.raw = b""
 
-    def read_until(self, marker: bytes, timeout: float = 30.0) -> bytes:
+    @classmethod
+    def events(cls, url: str, body: dict[str, Any], after: int) -> RawStream:
+        """A reader of the run on the events route, from the event after ``after``."""
+        path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
+        return cls(url, "GET", path, headers={"Last-Event-ID": str(after)})
+
+    def read_until(self, marker: bytes, timeout: float = 30.0, count: int = 1) -> bytes:
+        """Read until ``marker`` was seen ``count`` times."""
         deadline = time.monotonic() + timeout
-        while marker not in self.raw:
+        while self.raw.count(marker) < count:
             assert time.monotonic() < deadline, f"{marker!r} not seen in {self.raw[-300:]!r}"
             data = self.sock.recv(65536)
             assert data, "the server closed the connection"
@@ -198,14 +205,8 @@ def test_a_reader_is_woken_by_the_runs_appends_not_by_polls(
     body = run_body("[SLOW] count", cwd=str(workspace))
     own = LiveStream(adapter.client(), body)
     seen = own.read_events(3)
-    path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
-    reader = RawStream(adapter.url, "GET", path, headers={"Last-Event-ID": str(seen[-1][0])})
-    deadline = time.monotonic() + 30  # polled once a minute, it would have one read of them at most
-    while reader.raw.count(b"TEXT_MESSAGE_CONTENT") < 3:
-        assert time.monotonic() < deadline, f"the reader got {reader.raw[-300:]!r}"
-        data = reader.sock.recv(65536)
-        assert data, "the server closed the connection"
-        reader.raw += data
+    reader = RawStream.events(adapter.url, body, seen[-1][0])
+    reader.read_until(b"TEXT_MESSAGE_CONTENT", count=3)  # polled once a minute: one read of them at most
     reader.leave()
     own.close()
 
@@ -221,8 +222,7 @@ def test_a_reader_of_a_silent_run_is_told_of_its_hang_up_not_asked_on_ticks(
     body = run_body("[SILENT 40] think", cwd=str(workspace))
     own = LiveStream(adapter.client(), body)
     seen = own.read_events(2)
-    path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
-    reader = RawStream(adapter.url, "GET", path, headers={"Last-Event-ID": str(seen[-1][0])})
+    reader = RawStream.events(adapter.url, body, seen[-1][0])
     reader.read_until(b"200 OK")
     readers = adapter.app.engine.journals.readers
     wait_for(lambda: readers(body["threadId"], body["runId"]) == 2, 5)
@@ -253,8 +253,7 @@ def test_a_reader_that_hangs_up_is_noticed_and_the_last_one_out_cancels(
     own = LiveStream(client, body)
     task_id = own.session()["taskId"]
     seen = own.read_events(2)
-    path = f"/threads/{body['threadId']}/runs/{body['runId']}/events"
-    reader = RawStream(adapter.url, "GET", path, headers={"Last-Event-ID": str(seen[-1][0])})
+    reader = RawStream.events(adapter.url, body, seen[-1][0])
     reader.read_until(b"200 OK")
     wait_for(lambda: adapter.app.engine.journals.readers(body["threadId"], body["runId"]) == 2, 5)
     own.close()  # the run's own client leaves: the reader still follows the run
