@@ -10,6 +10,7 @@ be reattached any more). At a hand-over the journal is let go marked handed over
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ class RunJournal:
             log.warning("run %s: journal readers: %s", self.run_id, exc)
             return grace > 0
 
-    def hear_readers(self, wake: Any) -> None:
+    def hear_readers(self, wake: Callable[[], None]) -> None:
         """Have ``wake`` called when a reader in this process leaves (``journal_bell``)."""
         if self.writer is not None:
             self.writer.hear_readers(wake)

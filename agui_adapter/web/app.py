@@ -264,8 +264,7 @@ class Replay:
         finally:
             if self._client is not None:
                 self._client.stop()  # the connection may serve other requests now
-            self._reader.detach()
-            self._reader.close()
+            self._reader.close()  # detaches it
 
 
 class AguiApp:
